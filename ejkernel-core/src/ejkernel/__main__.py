@@ -1,0 +1,5 @@
+"""``python -m ejkernel`` is the ``ejkernel`` command."""
+
+from ejkernel.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,83 @@
+"""Canonical signatures: the contract every implementation of an op is checked against.
+
+Each op has one stub function here (arrays positional, options keyword-only, jaxtyping
+annotations) and one ``validate`` function that checks a call's arguments at trace time and
+raises a ``ValueError``/``TypeError`` naming the argument, what was expected and what came.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from ejkernel.kernels.signatures import flash_attention as _flash_attention
+
+
+class OpSpec:
+    """One op's contract: its canonical stub, validator and the distributions that implement it."""
+
+    def __init__(self, name: str, stub: Callable[..., Any], validate: Callable[..., None], provided_by: tuple[str, ...]):
+        self.name = name
+        self.stub = stub
+        self.validate = validate
+        self.provided_by = provided_by
+        self.signature = inspect.signature(stub)
+
+
+OPS: dict[str, OpSpec] = {
+    "flash_attention": OpSpec(
+        "flash_attention",
+        _flash_attention.flash_attention,
+        _flash_attention.validate,
+        provided_by=("ejkernel-xla", "ejkernel-triton", "ejkernel-pallas", "ejkernel-cuda"),
+    ),
+}
+
+
+def check_signature(op: str, fn: Callable[..., Any], where: str) -> None:
+    """Refuse ``fn`` unless its parameters match the canonical signature of ``op``, name for name.
+
+    Raises:
+        TypeError: naming the first parameter that is missing, extra, misplaced or of the wrong kind.
+    """
+    if op not in OPS:
+        return  # third-party ops have no canonical signature in the core
+    expected = list(OPS[op].signature.parameters.values())
+    try:
+        got = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError) as e:  # builtins without a signature
+        raise TypeError(f"{where}: cannot read the signature of {fn!r}: {e}") from None
+    got_names = [p.name for p in got]
+    for i, p in enumerate(expected):
+        if p.name not in got_names:
+            raise TypeError(f"{where}: implementation of {op!r} lacks parameter {p.name!r} ({_describe(p)})")
+        q = got[got_names.index(p.name)]
+        if q.kind != p.kind:
+            raise TypeError(
+                f"{where}: parameter {p.name!r} of {op!r} must be {_kind(p.kind)}, the implementation has it {_kind(q.kind)}"
+            )
+        if got_names.index(p.name) != i and p.kind is not inspect.Parameter.KEYWORD_ONLY:
+            raise TypeError(f"{where}: parameter {p.name!r} of {op!r} must be at position {i}, found at {got_names.index(p.name)}")
+        if (p.default is inspect.Parameter.empty) != (q.default is inspect.Parameter.empty) or (
+            p.default is not inspect.Parameter.empty and q.default != p.default
+        ):
+            raise TypeError(f"{where}: parameter {p.name!r} of {op!r} must default to {p.default!r}, found {q.default!r}")
+    extra = [n for n in got_names if n not in {p.name for p in expected}]
+    if extra:
+        raise TypeError(f"{where}: implementation of {op!r} has unexpected parameter {extra[0]!r}")
+
+
+def _kind(kind: inspect._ParameterKind) -> str:
+    return {
+        inspect.Parameter.POSITIONAL_ONLY: "positional-only",
+        inspect.Parameter.POSITIONAL_OR_KEYWORD: "positional",
+        inspect.Parameter.VAR_POSITIONAL: "*args",
+        inspect.Parameter.KEYWORD_ONLY: "keyword-only",
+        inspect.Parameter.VAR_KEYWORD: "**kwargs",
+    }[kind]
+
+
+def _describe(p: inspect.Parameter) -> str:
+    d = _kind(p.kind)
+    return d if p.default is inspect.Parameter.empty else f"{d}, default {p.default!r}"

@@ -1,0 +1,114 @@
+"""Reference implementations: dense, float32 (float64 where enabled), written to be read, not to be fast.
+
+They are the truth every backend is checked against, and depend on no backend.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.kernels.signatures.flash_attention import dropout_keep, normalize_window
+
+
+def attention_allowed(
+    t: int,
+    s: int,
+    *,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    cu_seqlens_q: Any = None,
+    cu_seqlens_k: Any = None,
+) -> jax.Array:
+    """The [T, S] boolean mask of causal/window/packing constraints (True = may attend)."""
+    i = jnp.arange(t)[:, None]
+    j = jnp.arange(s)[None, :]
+    allowed = jnp.ones((t, s), bool)
+    if cu_seqlens_q is not None:
+        # Sequence index of every row and column; positions are re-based to each sequence's start.
+        seq_q = jnp.searchsorted(cu_seqlens_q, jnp.arange(t), side="right") - 1
+        seq_k = jnp.searchsorted(cu_seqlens_k, jnp.arange(s), side="right") - 1
+        n = cu_seqlens_q.shape[0] - 1
+        allowed &= (seq_q[:, None] == seq_k[None, :]) & (seq_q[:, None] < n) & (seq_k[None, :] < n)
+        seq_q_c = jnp.clip(seq_q, 0, n - 1)
+        len_q = cu_seqlens_q[seq_q_c + 1] - cu_seqlens_q[seq_q_c]
+        len_k = cu_seqlens_k[seq_q_c + 1] - cu_seqlens_k[seq_q_c]
+        i = (i[:, 0] - cu_seqlens_q[seq_q_c])[:, None]
+        j = j - cu_seqlens_k[seq_q_c][:, None]
+        offset = (len_k - len_q)[:, None]
+    else:
+        offset = s - t
+    if causal:
+        allowed &= j <= i + offset
+    window = normalize_window(sliding_window)
+    if window is not None:
+        left, right = window
+        allowed &= (j >= i + offset - left) & (j <= i + offset + right)
+    return allowed
+
+
+def flash_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    bias: jax.Array | None = None,
+    *,
+    attention_mask: jax.Array | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    dropout_prob: float = 0.0,
+    dropout_seed: Any = None,
+    cu_seqlens_q: jax.Array | None = None,
+    cu_seqlens_k: jax.Array | None = None,
+    return_lse: bool = False,
+) -> Any:
+    """Dense attention with every option of ``ejkernel.kernels`` ``flash_attention``, computed in float32.
+
+    Returns the output ``[B, T, H, Dv]`` in ``query.dtype`` (and the log-sum-exp ``[B, H, T]``
+    in float32, ``-inf`` on fully masked rows, when ``return_lse``).
+
+    >>> import jax.numpy as jnp
+    >>> q = k = jnp.zeros((1, 1, 1, 4)); v = jnp.arange(8.0).reshape(1, 2, 1, 4)
+    >>> k = jnp.zeros((1, 2, 1, 4))
+    >>> flash_attention(q, k, v)[0, 0, 0].tolist()  # equal scores: the mean of the two values
+    [2.0, 3.0, 4.0, 5.0]
+    """
+    b, t, h, d = query.shape
+    s, kh = key.shape[1], key.shape[2]
+    acc = jnp.promote_types(jnp.float32, query.dtype)
+    q = query.astype(acc)
+    k = jnp.repeat(key.astype(acc), h // kh, axis=2)
+    v = jnp.repeat(value.astype(acc), h // kh, axis=2)
+    scale = d**-0.5 if softmax_scale is None else softmax_scale
+    scores = jnp.einsum("bthd,bshd->bhts", q, k, precision="highest") * scale
+    if bias is not None:
+        scores = scores + bias.astype(acc)
+    if logits_soft_cap is not None:
+        scores = logits_soft_cap * jnp.tanh(scores / logits_soft_cap)
+    allowed = attention_allowed(
+        t, s, causal=causal, sliding_window=sliding_window, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k
+    )[None, None]
+    if attention_mask is not None:
+        allowed = allowed & attention_mask
+    if q_segment_ids is not None:
+        allowed = allowed & (q_segment_ids[:, None, :, None] == kv_segment_ids[:, None, None, :])
+    allowed = jnp.broadcast_to(allowed, scores.shape)
+    scores = jnp.where(allowed, scores, -jnp.inf)
+    row_max = jnp.max(scores, axis=-1, keepdims=True)
+    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    p = jnp.where(allowed, jnp.exp(scores - row_max), 0.0)
+    denom = jnp.sum(p, axis=-1, keepdims=True)
+    p = p / jnp.where(denom == 0, 1.0, denom)
+    lse = jnp.where(denom[..., 0] > 0, jnp.log(jnp.where(denom[..., 0] > 0, denom[..., 0], 1.0)) + row_max[..., 0], -jnp.inf)
+    if dropout_prob > 0:
+        bi, hi, ti, si = (jnp.arange(n).reshape([-1 if a == ax else 1 for a in range(4)]) for ax, n in enumerate((b, h, t, s)))
+        keep = dropout_keep(dropout_seed, bi, hi, ti, si, h, dropout_prob, xp=jnp)
+        p = jnp.where(keep, p / (1.0 - dropout_prob), 0.0)
+    out = jnp.einsum("bhts,bshd->bthd", p, v, precision="highest").astype(query.dtype)
+    return (out, lse) if return_lse else out
