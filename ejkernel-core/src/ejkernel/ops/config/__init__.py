@@ -1,0 +1,1 @@
+"""The configuration chain and what it is made of: caches, device fingerprint, autotuner."""

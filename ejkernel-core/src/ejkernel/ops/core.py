@@ -1,0 +1,100 @@
+"""``Kernel``: the operations-layer description of one op (how to validate, call, configure and tune it)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any, ClassVar, Generic, TypeVar
+
+import jax
+import numpy as np
+
+from ejkernel.kernels.registry import Implementation
+from ejkernel.kernels.signatures import OPS
+from ejkernel.ops.config.base import BaseOperationConfig
+from ejkernel.ops.invocation import Invocation
+
+Cfg = TypeVar("Cfg", bound=BaseOperationConfig)
+
+TUNING_PARAMS = ("fwd_params", "bwd_params")
+
+
+class Kernel(Generic[Cfg]):
+    """One op as the ``Executor`` runs it. Subclass per op; set ``op_id`` and ``config_type``.
+
+    The forward and backward have their own launch parameters: ``run`` passes ``cfg.fwd_params``
+    and ``cfg.bwd_params`` to the implementation, and the executor wires the call into
+    ``jax.custom_vjp`` so that the backward's parameters are only resolved (and tuned) when the
+    call is differentiated.
+    """
+
+    op_id: ClassVar[str]
+    config_type: ClassVar[type[BaseOperationConfig]] = BaseOperationConfig
+
+    @property
+    def spec(self) -> Any:
+        return OPS[self.op_id]
+
+    def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> dict[str, Any]:
+        """Arguments by canonical name, defaults filled in (tuning parameters excluded).
+
+        Raises:
+            TypeError: an argument the op does not have, or a missing one.
+        """
+        sig = self.spec.signature
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.op_id}: {e}") from None
+        bound.apply_defaults()
+        return {k: v for k, v in bound.arguments.items() if k not in TUNING_PARAMS}
+
+    def validate(self, arguments: Mapping[str, Any]) -> None:
+        """Check the call at trace time; raises an error naming the argument (the op's ``validate``)."""
+        self.spec.validate(**arguments)
+
+    def normalize(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        """Bring equivalent spellings of options to one form, so they share cache entries."""
+        return arguments
+
+    def positional_names(self) -> list[str]:
+        return [
+            p.name
+            for p in self.spec.signature.parameters.values()
+            if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        ]
+
+    def run(self, arguments: Mapping[str, Any], *, impl: Implementation, cfg: Cfg) -> Any:
+        """Call ``impl`` with the arguments and ``cfg``'s launch parameters."""
+        positional = [arguments[n] for n in self.positional_names()]
+        keyword = {k: v for k, v in arguments.items() if k not in self.positional_names()}
+        return impl.fn(*positional, **keyword, fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params)
+
+    def heuristic_cfg(self, inv: Invocation, impl: Implementation) -> Cfg:
+        """The config ``impl``'s own heuristics give for ``inv`` (both stages)."""
+        return self.config_type(  # type: ignore[return-value]
+            platform=impl.platform, backend=impl.backend,
+            fwd_params=impl.heuristic_cfg(inv, "fwd"), bwd_params=impl.heuristic_cfg(inv, "bwd"),
+        )
+
+    def candidate_cfgs(self, inv: Invocation, impl: Implementation, stage: str) -> list[Any]:
+        """Launch parameters of ``impl`` worth timing for ``stage``."""
+        return impl.candidate_cfgs(inv, stage)
+
+    def make_inputs(self, inv: Invocation, seed: int = 0) -> dict[str, Any]:
+        """Concrete inputs of ``inv``'s shapes for timing: random normal floats, zero integers, all-True masks.
+
+        Ops whose integer inputs carry structure (sequence offsets, page tables) override this.
+        """
+        rng = np.random.default_rng(seed)
+        out: dict[str, Any] = {}
+        for name, x in inv.arguments.items():
+            if isinstance(x, jax.ShapeDtypeStruct):
+                dtype = np.dtype(x.dtype)
+                if np.issubdtype(dtype, np.floating) or dtype.name == "bfloat16":
+                    out[name] = jax.numpy.asarray(rng.standard_normal(x.shape, dtype=np.float32), dtype=x.dtype)
+                elif dtype == np.bool_:
+                    out[name] = jax.numpy.ones(x.shape, bool)
+                else:
+                    out[name] = jax.numpy.zeros(x.shape, x.dtype)
+        return out

@@ -1,0 +1,25 @@
+"""Entry point of ejkernel-xla: registers the XLA implementations (lazily: nothing heavy is imported here)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ejkernel.plugins import BackendInfo, hookimpl
+
+from ejkernel_xla import __version__
+
+
+@hookimpl
+def ejkernel_register_kernels(registry: Any) -> None:
+    registry.register(
+        "flash_attention", "xla", "any", priority=10,
+        impl="ejkernel_xla.flash_attention:flash_attention",
+        heuristic_cfg="ejkernel_xla.flash_attention:heuristic_cfg",
+        candidate_cfgs="ejkernel_xla.flash_attention:candidate_cfgs",
+        version=__version__,
+    )
+
+
+@hookimpl
+def ejkernel_backend_info() -> BackendInfo:
+    return BackendInfo(name="ejkernel-xla", version=__version__, platforms=("xla",), available=True)
