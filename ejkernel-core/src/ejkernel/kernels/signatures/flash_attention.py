@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
+from ejkernel.kernels.params import BwdParams, FwdParams
 
 _FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 

@@ -1,0 +1,148 @@
+"""The ``ejkernel`` command: ``info`` (what is installed and what would run) and ``cache`` (tuned configs).
+
+>>> main(["cache", "export", "/dev/stdout"]) == 0  # doctest: +SKIP
+True
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def _version(dist: str) -> str:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return "not installed"
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import jax
+
+    from ejkernel import __version__
+    from ejkernel.kernels import kernel_registry
+    from ejkernel.kernels._types import current_backend
+    from ejkernel.ops import autotune_policy, device_fingerprint, fingerprint_id
+    from ejkernel.ops.config.chain import default_chain
+    from ejkernel.plugins import plugin_records
+
+    out = []
+    out.append(f"ejkernel-core {__version__}   jax {jax.__version__}   jaxlib {_version('jaxlib')}   python {sys.version.split()[0]}")
+    fp = device_fingerprint()
+    out.append(f"device: {fp['device_kind']} ({fp['platform']}, {len(jax.devices())} device(s))   backend: {current_backend()}")
+    out.append(f"fingerprint: {fingerprint_id()}  {json.dumps(fp, sort_keys=True)}")
+    out.append(f"autotune policy: {autotune_policy()}   (EJKERNEL_AUTOTUNE_POLICY)")
+    out.append("")
+    records = plugin_records()
+    out.append("plugins:" if records else "plugins: none installed (pip install ejkernel-xla runs everywhere)")
+    for r in records:
+        ver = f"{r.distribution or r.name} {r.version or ''}".strip()
+        line = f"  {r.name:<10} {r.status:<9} {ver}"
+        if r.status == "loaded" and r.info is not None:
+            line += f"   platforms={','.join(r.info.platforms)}   runs here: {'yes' if r.info.available else 'no'}"
+            if r.info.reason:
+                line += f" ({r.info.reason})"
+        if r.error:
+            line += f"   {r.error}"
+        out.append(line)
+    if any(r.status == "loaded" for r in records) and not any(
+        kernel_registry.implementations(op, backend="all") for op in kernel_registry.algorithms()
+    ):
+        out.append("  (the loaded plugins register no kernels yet)")
+    out.append("")
+    backend = current_backend()
+    ops = kernel_registry.algorithms()
+    platforms = sorted({i.platform for op in ops for i in kernel_registry.implementations(op, backend="all")})
+    out.append(f"ops x platforms ('*' = runs on this {backend} device, '-' = installed for another backend):")
+    if platforms:
+        width = max(len(op) for op in ops) + 2
+        out.append("  " + "op".ljust(width) + "".join(p.ljust(10) for p in platforms))
+        for op in ops:
+            cells = []
+            for p in platforms:
+                impls = kernel_registry.implementations(op, platform=p, backend="all")
+                here = [i for i in impls if i.runs_on(backend)]
+                cells.append(("*" + ",".join(i.backend for i in here)) if here else ("-" if impls else ""))
+            out.append("  " + op.ljust(width) + "".join(c.ljust(10) for c in cells))
+    else:
+        out.append("  (no implementations installed)")
+    cache = default_chain().persistent
+    files = cache.files()
+    n = sum(len(json.loads(f.read_text()).get("entries", {})) for f in files if _readable(f))
+    out.append("")
+    out.append(f"config cache: {cache.root}   {len(files)} file(s), {n} entr{'y' if n == 1 else 'ies'}")
+    print("\n".join(out))
+    return 0
+
+
+def _readable(path: Path) -> bool:
+    try:
+        json.loads(path.read_text())
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    from ejkernel.ops.config.chain import default_chain
+
+    cache = default_chain().persistent
+    if args.action == "list":
+        entries = cache.entries()
+        print(f"config cache: {cache.root}")
+        for path, key, entry in entries:
+            stage = key.split("|", 1)[0]
+            secs = entry.get("seconds")
+            timing = f"{secs * 1e3:.3f} ms" if isinstance(secs, int | float) else ""
+            print(f"  {path.parent.name}/{path.stem} {stage}: {entry.get('impl')} {entry.get('params')} {timing}  "
+                  f"{entry.get('invocation', '')}")
+        print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
+    elif args.action == "clear":
+        print(f"removed {cache.clear()} entries from {cache.root}")
+    elif args.action == "export":
+        doc = cache.export()
+        text = json.dumps(doc, indent=1, sort_keys=True)
+        if args.file == "-":
+            print(text)
+        else:
+            Path(args.file).write_text(text)
+            print(f"exported {sum(len(f['entries']) for f in doc['files'])} entries to {args.file}", file=sys.stderr)
+    elif args.action == "import":
+        try:
+            doc = json.loads(sys.stdin.read() if args.file == "-" else Path(args.file).read_text())
+            n = cache.import_(doc)
+        except (OSError, ValueError) as e:
+            print(f"ejkernel cache import: cannot import {args.file}: {e}", file=sys.stderr)
+            return 2
+        print(f"imported {n} entries into {cache.root}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ejkernel", description="ejkernel: what is installed, what runs, tuned configs")
+    sub = parser.add_subparsers(dest="command", required=True)
+    sub.add_parser("info", help="versions, device, plugins, the op x platform matrix, cache").set_defaults(func=cmd_info)
+    cache = sub.add_parser("cache", help="list, clear, export or import tuned configs")
+    cache_sub = cache.add_subparsers(dest="action", required=True)
+    cache_sub.add_parser("list", help="every tuned config on disk")
+    cache_sub.add_parser("clear", help="delete every tuned config")
+    for name, what in (("export", "write all tuned configs to FILE (- for stdout)"),
+                       ("import", "merge tuned configs from FILE (- for stdin)")):
+        p = cache_sub.add_parser(name, help=what)
+        p.add_argument("file", metavar="FILE")
+    cache.set_defaults(func=cmd_cache)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
