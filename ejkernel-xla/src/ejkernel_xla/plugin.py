@@ -18,6 +18,15 @@ def ejkernel_register_kernels(registry: Any) -> None:
         candidate_cfgs="ejkernel_xla.flash_attention:candidate_cfgs",
         version=__version__,
     )
+    # cuDNN through XLA, on NVIDIA GPUs: above the blockwise XLA kernel, below hand-written GPU kernels;
+    # with the autotune policy the fastest of them wins anyway.
+    registry.register(
+        "flash_attention", "xla", "gpu", priority=50,
+        impl="ejkernel_xla.flash_attention.cudnn:flash_attention",
+        supports="ejkernel_xla.flash_attention.cudnn:supports",
+        heuristic_cfg="ejkernel_xla.flash_attention.cudnn:heuristic_cfg",
+        version=__version__,
+    )
 
 
 @hookimpl
