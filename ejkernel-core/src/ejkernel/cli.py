@@ -40,9 +40,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     out.append("")
     records = plugin_records()
     out.append("plugins:" if records else "plugins: none installed (pip install ejkernel-xla runs everywhere)")
+    impls = [i for op in kernel_registry.algorithms() for i in kernel_registry.implementations(op, backend="all")]
     for r in records:
         ver = f"{r.distribution or r.name} {r.version or ''}".strip()
         line = f"  {r.name:<10} {r.status:<9} {ver}"
+        if r.status == "loaded":
+            n = sum(i.plugin == r.name for i in impls)
+            line += f"   {n} implementation{'' if n == 1 else 's'}" if n else "   no kernels yet"
         if r.status == "loaded" and r.info is not None:
             line += f"   platforms={','.join(r.info.platforms)}   runs here: {'yes' if r.info.available else 'no'}"
             if r.info.reason:
@@ -50,10 +54,6 @@ def cmd_info(args: argparse.Namespace) -> int:
         if r.error:
             line += f"   {r.error}"
         out.append(line)
-    if any(r.status == "loaded" for r in records) and not any(
-        kernel_registry.implementations(op, backend="all") for op in kernel_registry.algorithms()
-    ):
-        out.append("  (the loaded plugins register no kernels yet)")
     out.append("")
     backend = current_backend()
     ops = kernel_registry.algorithms()
