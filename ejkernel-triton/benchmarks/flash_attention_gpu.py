@@ -35,8 +35,8 @@ SHAPES = [  # (B, H, T, D)
 
 def inputs(b: int, h: int, t: int, d: int, dtype: Any = jnp.bfloat16) -> tuple[jax.Array, ...]:
     keys = jax.random.split(jax.random.key(0), 4)
-    q, k, v, ct = (jax.random.normal(kk, (b, t, h, d), jnp.float32).astype(dtype) for kk in keys)
-    return q, k, v, ct
+    q, k, v = (jax.random.normal(kk, (b, t, h, d), jnp.float32).astype(dtype) for kk in keys[:3])
+    return q, k, v, jax.random.normal(keys[3], (b, t, h, d), jnp.float32)
 
 
 def flops(b: int, h: int, t: int, d: int, causal: bool, bwd: bool) -> float:
@@ -87,7 +87,8 @@ def peers(causal: bool, d: int) -> dict[str, Callable[..., Any]]:
 
     out: dict[str, Callable[..., Any]] = {
         "ejkernel triton": lambda q, k, v: flash_attention(q, k, v, causal=causal, platform="triton"),
-        "ejkernel xla": lambda q, k, v: flash_attention(q, k, v, causal=causal, platform="xla"),
+        # backend="any": the blockwise XLA kernel itself, not cuDNN (which ejkernel-xla serves as xla:gpu).
+        "ejkernel xla": lambda q, k, v: flash_attention(q, k, v, causal=causal, platform="xla", backend="any"),
         "ejkernel auto": lambda q, k, v: autotuned(flash_attention, q, k, v, causal=causal),
         "cudnn": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="cudnn"),
         "xla dense": lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=causal, implementation="xla"),
@@ -104,18 +105,24 @@ def peers(causal: bool, d: int) -> dict[str, Callable[..., Any]]:
 
         cfg = attention_mgpu.TuningConfig(block_q=64, block_kv=64 if d > 64 else 128, max_concurrent_steps=2,
                                           causal=causal)
-        out["pallas mosaic"] = lambda q, k, v: attention_mgpu.attention(q * d**-0.5, k, v, cfg)
+        # Mosaic GPU's kernel takes float16 only: it gets float16 inputs (see FP16_PEERS).
+        out["pallas mosaic"] = lambda q, k, v: attention_mgpu.attention(q * jnp.float16(d**-0.5), k, v, cfg)
     except Exception as e:  # noqa: BLE001
         print(f"pallas mosaic unavailable: {e}", file=sys.stderr)
     return out
 
 
+FP16_PEERS = ("pallas mosaic",)
+
+
 def measure(name: str, fn: Callable[..., Any], shape: tuple[int, ...], causal: bool, bwd: bool,
             ref: Any) -> dict[str, Any]:
     b, h, t, d = shape
-    q, k, v, ct = inputs(*shape)
+    dtype = jnp.float16 if name in FP16_PEERS else jnp.bfloat16
+    q, k, v, ct = inputs(*shape, dtype=dtype)
     row: dict[str, Any] = {"peer": name, "B": b, "H": h, "T": t, "D": d, "causal": causal,
-                           "pass": "fwd+bwd" if bwd else "fwd"}
+                           "pass": "fwd+bwd" if bwd else "fwd", "dtype": jnp.dtype(dtype).name}
+    started = time.perf_counter()
     try:
         if bwd:
             f = jax.jit(jax.grad(lambda q, k, v: jnp.sum(fn(q, k, v).astype(jnp.float32) * ct), argnums=(0, 1, 2)))
@@ -131,14 +138,15 @@ def measure(name: str, fn: Callable[..., Any], shape: tuple[int, ...], causal: b
         row["ms"] = secs * 1e3
         row["tflops"] = flops(b, h, t, d, causal, bwd) / secs / 1e12
     except Exception as e:  # noqa: BLE001 - a failing peer is a result too
-        row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"
+    row["wall_s"] = time.perf_counter() - started
     return row
 
 
-def old_ejkernel_rows(path: str, only: list[str] | None) -> list[dict[str, Any]]:
+def old_ejkernel_rows(path: str, shapes: str | None) -> list[dict[str, Any]]:
     """Run the published ejkernel in a child process (it is also called ``ejkernel``)."""
     env = {**os.environ, "PYTHONPATH": path}
-    cmd = [sys.executable, __file__, "--as-old-ejkernel"] + (["--only", *only] if only else [])
+    cmd = [sys.executable, __file__, "--as-old-ejkernel"] + (["--shapes", shapes] if shapes else [])
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     if run.returncode != 0:
         return [{"peer": "ejkernel 0.0.80.3", "error": run.stderr.strip().splitlines()[-1] if run.stderr else "failed"}]
@@ -181,7 +189,7 @@ def main() -> None:
         print(json.dumps(rows))
         return
     if args.old_ejkernel_path:
-        rows += old_ejkernel_rows(args.old_ejkernel_path, None)
+        rows += old_ejkernel_rows(args.old_ejkernel_path, args.shapes)
 
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": jax.devices()[0].device_kind,

@@ -25,8 +25,7 @@ VARIABLE = "EJKERNEL_EXPECT_PLUGINS"
 
 if VARIABLE not in os.environ:
     pytest.skip(
-        f"{VARIABLE} is not set: these tests check the install configuration of one nox session "
-        "(e.g. `nox -s xla`)",
+        f"{VARIABLE} is not set: these tests check the install configuration of one nox session (e.g. `nox -s xla`)",
         allow_module_level=True,
     )
 
@@ -53,6 +52,7 @@ _PROBE = textwrap.dedent(
                 "status": r.status,
                 "error": r.error,
                 "platforms": list(r.info.platforms) if r.info is not None else None,
+                "reason": r.info.reason if r.info is not None and not r.info.available else None,
             }
             for r in records
         ],
@@ -137,7 +137,7 @@ def test_with_xla_a_call_runs(probe: dict[str, Any]) -> None:
     assert probe["call"] == {"shape": [1, 16, 4, 8]}
 
 
-def test_ejkernel_info_lists_the_expected_plugins() -> None:
+def test_ejkernel_info_lists_the_expected_plugins(probe: dict[str, Any]) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "ejkernel", "info"],
         capture_output=True,
@@ -149,5 +149,10 @@ def test_ejkernel_info_lists_the_expected_plugins() -> None:
     assert proc.returncode == 0, f"`ejkernel info` exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
     for name in EXPECTED:
         assert f"ejkernel-{name}" in proc.stdout, f"`ejkernel info` does not mention ejkernel-{name}:\n{proc.stdout}"
+    for record in probe["records"]:
+        if record["reason"]:  # a plugin that cannot run here says why
+            assert record["reason"] in proc.stdout, (
+                f"`ejkernel info` does not show {record['reason']!r}:\n{proc.stdout}"
+            )
     if not EXPECTED:
         assert "ejkernel-xla" in proc.stdout, f"`ejkernel info` does not say what to install:\n{proc.stdout}"

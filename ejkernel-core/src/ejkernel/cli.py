@@ -32,9 +32,13 @@ def cmd_info(args: argparse.Namespace) -> int:
     from ejkernel.plugins import plugin_records
 
     out = []
-    out.append(f"ejkernel-core {__version__}   jax {jax.__version__}   jaxlib {_version('jaxlib')}   python {sys.version.split()[0]}")
+    out.append(
+        f"ejkernel-core {__version__}   jax {jax.__version__}   jaxlib {_version('jaxlib')}   python {sys.version.split()[0]}"
+    )
     fp = device_fingerprint()
-    out.append(f"device: {fp['device_kind']} ({fp['platform']}, {len(jax.devices())} device(s))   backend: {current_backend()}")
+    out.append(
+        f"device: {fp['device_kind']} ({fp['platform']}, {len(jax.devices())} device(s))   backend: {current_backend()}"
+    )
     out.append(f"fingerprint: {fingerprint_id()}  {json.dumps(fp, sort_keys=True)}")
     out.append(f"autotune policy: {autotune_policy()}   (EJKERNEL_AUTOTUNE_POLICY)")
     out.append("")
@@ -99,8 +103,10 @@ def cmd_cache(args: argparse.Namespace) -> int:
             stage = key.split("|", 1)[0]
             secs = entry.get("seconds")
             timing = f"{secs * 1e3:.3f} ms" if isinstance(secs, int | float) else ""
-            print(f"  {path.parent.name}/{path.stem} {stage}: {entry.get('impl')} {entry.get('params')} {timing}  "
-                  f"{entry.get('invocation', '')}")
+            print(
+                f"  {path.parent.name}/{path.stem} {stage}: {entry.get('impl')} {entry.get('params')} {timing}  "
+                f"{entry.get('invocation', '')}"
+            )
         print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
     elif args.action == "clear":
         print(f"removed {cache.clear()} entries from {cache.root}")
@@ -124,15 +130,21 @@ def cmd_cache(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ejkernel", description="ejkernel: what is installed, what runs, tuned configs")
+    parser = argparse.ArgumentParser(
+        prog="ejkernel", description="ejkernel: what is installed, what runs, tuned configs"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="versions, device, plugins, the op x platform matrix, cache").set_defaults(func=cmd_info)
+    sub.add_parser("info", help="versions, device, plugins, the op x platform matrix, cache").set_defaults(
+        func=cmd_info
+    )
     cache = sub.add_parser("cache", help="list, clear, export or import tuned configs")
     cache_sub = cache.add_subparsers(dest="action", required=True)
     cache_sub.add_parser("list", help="every tuned config on disk")
     cache_sub.add_parser("clear", help="delete every tuned config")
-    for name, what in (("export", "write all tuned configs to FILE (- for stdout)"),
-                       ("import", "merge tuned configs from FILE (- for stdin)")):
+    for name, what in (
+        ("export", "write all tuned configs to FILE (- for stdout)"),
+        ("import", "merge tuned configs from FILE (- for stdin)"),
+    ):
         p = cache_sub.add_parser(name, help=what)
         p.add_argument("file", metavar="FILE")
     cache.set_defaults(func=cmd_cache)

@@ -12,7 +12,10 @@ from ejkernel_xla import __version__
 @hookimpl
 def ejkernel_register_kernels(registry: Any) -> None:
     registry.register(
-        "flash_attention", "xla", "any", priority=10,
+        "flash_attention",
+        "xla",
+        "any",
+        priority=10,
         impl="ejkernel_xla.flash_attention:flash_attention",
         heuristic_cfg="ejkernel_xla.flash_attention:heuristic_cfg",
         candidate_cfgs="ejkernel_xla.flash_attention:candidate_cfgs",
@@ -21,7 +24,10 @@ def ejkernel_register_kernels(registry: Any) -> None:
     # cuDNN through XLA, on NVIDIA GPUs: above the blockwise XLA kernel, below hand-written GPU kernels;
     # with the autotune policy the fastest of them wins anyway.
     registry.register(
-        "flash_attention", "xla", "gpu", priority=50,
+        "flash_attention",
+        "xla",
+        "gpu",
+        priority=50,
         impl="ejkernel_xla.flash_attention.cudnn:flash_attention",
         supports="ejkernel_xla.flash_attention.cudnn:supports",
         heuristic_cfg="ejkernel_xla.flash_attention.cudnn:heuristic_cfg",

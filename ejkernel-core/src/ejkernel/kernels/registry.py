@@ -141,8 +141,18 @@ class KernelRegistry:
         if impl is None:
 
             def decorator(fn: Callable[..., Any]) -> Callable[..., Any]:
-                self.register(algorithm, platform, backend, priority, impl=fn, supports=supports,
-                              heuristic_cfg=heuristic_cfg, candidate_cfgs=candidate_cfgs, version=version, plugin=plugin)
+                self.register(
+                    algorithm,
+                    platform,
+                    backend,
+                    priority,
+                    impl=fn,
+                    supports=supports,
+                    heuristic_cfg=heuristic_cfg,
+                    candidate_cfgs=candidate_cfgs,
+                    version=version,
+                    plugin=plugin,
+                )
                 return fn
 
             return decorator
@@ -230,14 +240,19 @@ class KernelRegistry:
         backend_name = current_backend() if backend is None else str(getattr(backend, "value", backend))
         everywhere = self.implementations(algorithm, backend="all")
         spec = OPS.get(algorithm)
-        wanted = f"{algorithm!r}" + (f" on platform {str(getattr(platform, 'value', platform))!r}" if platform not in (None, "auto") else "")
+        wanted = f"{algorithm!r}" + (
+            f" on platform {str(getattr(platform, 'value', platform))!r}" if platform not in (None, "auto") else ""
+        )
         if not everywhere:
-            hint = f" Install one of: {', '.join(spec.provided_by)} (e.g. `pip install ejkernel-xla`, which runs everywhere)." if spec else ""
+            hint = (
+                f" Install one of: {', '.join(spec.provided_by)} (e.g. `pip install ejkernel-xla`, which runs everywhere)."
+                if spec
+                else ""
+            )
             return f"No implementation of {wanted} is installed.{hint} Run `ejkernel info` to see what is."
         listed = ", ".join(f"{r.name} (from {r.plugin})" for r in everywhere)
-        return (
-            f"No implementation of {wanted} runs on backend {backend_name!r}. Installed: {listed}."
-            + (f" `pip install ejkernel-xla` runs everywhere." if spec else "")
+        return f"No implementation of {wanted} runs on backend {backend_name!r}. Installed: {listed}." + (
+            " `pip install ejkernel-xla` runs everywhere." if spec else ""
         )
 
 

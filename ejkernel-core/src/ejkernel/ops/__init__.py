@@ -1,6 +1,6 @@
 """The operations layer: ``Kernel``, ``Executor``, the config chain, caches, fingerprint and autotuner."""
 
-from ejkernel.ops.config.autotune import Autotuner, AutotuneError
+from ejkernel.ops.config.autotune import AutotuneError, Autotuner
 from ejkernel.ops.config.base import BaseOperationConfig
 from ejkernel.ops.config.chain import (
     ConfigError,

@@ -73,8 +73,10 @@ class Kernel(Generic[Cfg]):
     def heuristic_cfg(self, inv: Invocation, impl: Implementation) -> Cfg:
         """The config ``impl``'s own heuristics give for ``inv`` (both stages)."""
         return self.config_type(  # type: ignore[return-value]
-            platform=impl.platform, backend=impl.backend,
-            fwd_params=impl.heuristic_cfg(inv, "fwd"), bwd_params=impl.heuristic_cfg(inv, "bwd"),
+            platform=impl.platform,
+            backend=impl.backend,
+            fwd_params=impl.heuristic_cfg(inv, "fwd"),
+            bwd_params=impl.heuristic_cfg(inv, "bwd"),
         )
 
     def candidate_cfgs(self, inv: Invocation, impl: Implementation, stage: str) -> list[Any]:

@@ -29,8 +29,14 @@ def recorded_invocations() -> list[dict[str, Any]]:
 def _record(inv: Invocation, sel: Selection) -> None:
     if os.environ.get("EJKERNEL_OPS_RECORD", "") in ("", "0"):
         return
-    rec = {"op": inv.op, "backend": inv.backend, "fingerprint": fingerprint_id(), "arguments": inv.to_json(),
-           "impl": sel.impl.name, "tier": sel.tier}
+    rec = {
+        "op": inv.op,
+        "backend": inv.backend,
+        "fingerprint": fingerprint_id(),
+        "arguments": inv.to_json(),
+        "impl": sel.impl.name,
+        "tier": sel.tier,
+    }
     _records.append(rec)
     try:
         path = cache_dir() / "invocations.jsonl"
@@ -79,7 +85,9 @@ class Executor:
         arguments = kernel.normalize(arguments)
         if cfg is not None and not isinstance(cfg, kernel.config_type):
             raise TypeError(f"{kernel.op_id}: cfg must be a {kernel.config_type.__name__}, got {type(cfg).__name__}")
-        platform = platform if platform not in (None, "auto") else (cfg.platform if cfg and cfg.platform != "auto" else None)
+        platform = (
+            platform if platform not in (None, "auto") else (cfg.platform if cfg and cfg.platform != "auto" else None)
+        )
         backend = backend if backend not in (None, "auto") else (cfg.backend if cfg and cfg.backend != "auto" else None)
         run_on = backend or current_backend()
         inv = Invocation.create(kernel.op_id, arguments, run_on)
@@ -95,8 +103,9 @@ class Executor:
             return ({k: inputs[k] for k in dynamic},)
 
         def call(dyn: Mapping[str, Any], impl: Implementation, fwd_params: Any, bwd_params: Any) -> Any:
-            run_cfg = kernel.config_type(platform=impl.platform, backend=impl.backend,
-                                         fwd_params=fwd_params, bwd_params=bwd_params)
+            run_cfg = kernel.config_type(
+                platform=impl.platform, backend=impl.backend, fwd_params=fwd_params, bwd_params=bwd_params
+            )
             return kernel.run({**static, **dyn}, impl=impl, cfg=run_cfg)
 
         def timing_fn(impl: Implementation, fwd_params: Any, bwd_params: Any) -> Any:
@@ -126,8 +135,9 @@ class Executor:
 
         def op_fwd(dyn: Mapping[str, Any]) -> Any:
             # Only reached when the call is differentiated: now the backward's parameters matter.
-            bwd = chain.select(inv, "bwd", impls, override=cfg, forced=forced, fwd=fwd,
-                               timing_fn=timing_fn, make_args=make_args)
+            bwd = chain.select(
+                inv, "bwd", impls, override=cfg, forced=forced, fwd=fwd, timing_fn=timing_fn, make_args=make_args
+            )
             out, vjp = jax.vjp(lambda d: primal(d, bwd.params), dyn)
             return out, vjp
 

@@ -116,15 +116,22 @@ def _check_core_range(dist: md.Distribution | None) -> None:
 
 def _fail(name: str, dist: md.Distribution | None, error: BaseException) -> None:
     message = f"{type(error).__name__}: {error}"
-    _records[name] = PluginRecord(name, dist.metadata["Name"] if dist else None, dist.version if dist else None,
-                                  "failed", message)
+    _records[name] = PluginRecord(
+        name, dist.metadata["Name"] if dist else None, dist.version if dist else None, "failed", message
+    )
     if _strict():
         raise PluginError(f"ejkernel plugin {name!r} failed to load: {message}") from error
     warnings.warn(f"ejkernel plugin {name!r} was skipped: {message}", PluginWarning, stacklevel=4)
 
 
-def register_plugin(plugin: Any, name: str, registry: KernelRegistry | None = None, *,
-                    distribution: str | None = None, version: str | None = None) -> None:
+def register_plugin(
+    plugin: Any,
+    name: str,
+    registry: KernelRegistry | None = None,
+    *,
+    distribution: str | None = None,
+    version: str | None = None,
+) -> None:
     """Add a plugin object (module or instance with ``@hookimpl`` functions) and let it register its kernels.
 
     Tests use this for in-test plugins and undo it with :func:`unregister_plugin`. Errors follow
@@ -140,9 +147,9 @@ def register_plugin(plugin: Any, name: str, registry: KernelRegistry | None = No
         try:
             pm.register(plugin, name=name)
             with _registering(name):
-                hook = pm.subset_hook_caller("ejkernel_register_kernels", remove_plugins=[
-                    p for p in pm.get_plugins() if p is not plugin
-                ])
+                hook = pm.subset_hook_caller(
+                    "ejkernel_register_kernels", remove_plugins=[p for p in pm.get_plugins() if p is not plugin]
+                )
                 hook(registry=registry)
             info = _backend_info(plugin, name)
         except Exception as e:
@@ -190,9 +197,13 @@ def ensure_loaded(registry: KernelRegistry) -> None:
         for ep in sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             dist = ep.dist
             if (allow is not None and ep.name not in allow) or ep.name in block:
-                _records[ep.name] = PluginRecord(ep.name, dist.metadata["Name"] if dist else None,
-                                                 dist.version if dist else None, "disabled",
-                                                 "excluded by EJKERNEL_PLUGINS/EJKERNEL_DISABLE_PLUGINS")
+                _records[ep.name] = PluginRecord(
+                    ep.name,
+                    dist.metadata["Name"] if dist else None,
+                    dist.version if dist else None,
+                    "disabled",
+                    "excluded by EJKERNEL_PLUGINS/EJKERNEL_DISABLE_PLUGINS",
+                )
                 continue
             try:
                 _check_core_range(dist)
@@ -200,8 +211,13 @@ def ensure_loaded(registry: KernelRegistry) -> None:
             except Exception as e:
                 _fail(ep.name, dist, e)
                 continue
-            register_plugin(plugin, ep.name, registry, distribution=dist.metadata["Name"] if dist else None,
-                            version=dist.version if dist else None)
+            register_plugin(
+                plugin,
+                ep.name,
+                registry,
+                distribution=dist.metadata["Name"] if dist else None,
+                version=dist.version if dist else None,
+            )
 
 
 def plugin_records() -> list[PluginRecord]:

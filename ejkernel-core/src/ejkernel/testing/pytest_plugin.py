@@ -12,7 +12,16 @@ from typing import Any
 
 def pytest_addoption(parser: Any) -> None:
     group = parser.getgroup("ejkernel")
-    group.addoption("--ejkernel-platform", action="append", default=[], metavar="NAME",
-                    help="run the ejkernel conformance suites only against this platform's implementations")
-    group.addoption("--ejkernel-backend", default=None, metavar="NAME",
-                    help="test implementations registered for this backend (default: JAX's default device)")
+    group.addoption(
+        "--ejkernel-platform",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="run the ejkernel conformance suites only against this platform's implementations",
+    )
+    group.addoption(
+        "--ejkernel-backend",
+        default=None,
+        metavar="NAME",
+        help="test implementations registered for this backend (default: JAX's default device)",
+    )

@@ -105,9 +105,13 @@ def flash_attention(
     p = jnp.where(allowed, jnp.exp(scores - row_max), 0.0)
     denom = jnp.sum(p, axis=-1, keepdims=True)
     p = p / jnp.where(denom == 0, 1.0, denom)
-    lse = jnp.where(denom[..., 0] > 0, jnp.log(jnp.where(denom[..., 0] > 0, denom[..., 0], 1.0)) + row_max[..., 0], -jnp.inf)
+    lse = jnp.where(
+        denom[..., 0] > 0, jnp.log(jnp.where(denom[..., 0] > 0, denom[..., 0], 1.0)) + row_max[..., 0], -jnp.inf
+    )
     if dropout_prob > 0:
-        bi, hi, ti, si = (jnp.arange(n).reshape([-1 if a == ax else 1 for a in range(4)]) for ax, n in enumerate((b, h, t, s)))
+        bi, hi, ti, si = (
+            jnp.arange(n).reshape([-1 if a == ax else 1 for a in range(4)]) for ax, n in enumerate((b, h, t, s))
+        )
         keep = dropout_keep(dropout_seed, bi, hi, ti, si, h, dropout_prob, xp=jnp)
         p = jnp.where(keep, p / (1.0 - dropout_prob), 0.0)
     out = jnp.einsum("bhts,bshd->bthd", p, v, precision="highest").astype(query.dtype)

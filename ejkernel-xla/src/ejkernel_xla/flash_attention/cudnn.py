@@ -35,10 +35,26 @@ def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
 
 
 def flash_attention(
-    query, key, value, bias=None, *, attention_mask=None, q_segment_ids=None, kv_segment_ids=None,
-    softmax_scale=None, causal=False, sliding_window=None, logits_soft_cap=None, dropout_prob=0.0,
-    dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None, fwd_params=None, bwd_params=None,
+    query,
+    key,
+    value,
+    bias=None,
+    *,
+    attention_mask=None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    softmax_scale=None,
+    causal=False,
+    sliding_window=None,
+    logits_soft_cap=None,
+    dropout_prob=0.0,
+    dropout_seed=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    fwd_params=None,
+    bwd_params=None,
 ):
     """``flash_attention`` on cuDNN (only what ``supports`` admits reaches here)."""
-    return jax.nn.dot_product_attention(query, key, value, scale=softmax_scale, is_causal=causal,
-                                        implementation="cudnn")
+    return jax.nn.dot_product_attention(
+        query, key, value, scale=softmax_scale, is_causal=causal, implementation="cudnn"
+    )

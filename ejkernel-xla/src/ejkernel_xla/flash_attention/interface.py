@@ -1,70 +1,85 @@
-"""Plain XLA flash attention (interim: dense scores; the blockwise version replaces it)."""
+"""Plain XLA flash attention: blockwise, O(T) memory forward and backward (see ``_blockwise``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-import jax
-import jax.numpy as jnp
+import numpy as np
 
-from ejkernel.kernels.signatures.flash_attention import dropout_keep, normalize_window
+from ejkernel.kernels.signatures.flash_attention import normalize_window
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
+
+from ejkernel_xla.flash_attention._blockwise import Options, attention, default_blocks
+
+# Around the heuristic (q, kv) blocks: these factors, clipped to the lengths, duplicates dropped.
+_CANDIDATE_FACTORS = ((1, 1), (1, 2), (2, 1), (1, 0.5), (0.5, 1), (0.5, 0.5), (2, 2))
+
+
+def _dims(inv: Any) -> tuple[int, int, int, int]:
+    b, t, h, _ = inv.arguments["query"].shape
+    return int(b), int(h), int(t), int(inv.arguments["key"].shape[1])
 
 
 def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
-    return FwdParams() if stage == "fwd" else BwdParams()
+    b, h, t, s = _dims(inv)
+    bq, bk = default_blocks(b, h, t, s)
+    cls = FwdParams if stage == "fwd" else BwdParams
+    return cls(q_blocksize=bq, kv_blocksize=bk)
 
 
 def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
-    return [heuristic_cfg(inv, stage)]
+    b, h, t, s = _dims(inv)
+    bq, bk = default_blocks(b, h, t, s)
+    cls = FwdParams if stage == "fwd" else BwdParams
+    out: list[FwdParams | BwdParams] = []
+    for fq, fk in _CANDIDATE_FACTORS:
+        cfg = cls(q_blocksize=min(t, max(16, int(bq * fq))), kv_blocksize=min(s, max(16, int(bk * fk))))
+        if cfg not in out:
+            out.append(cfg)
+    return out
+
+
+def _blocks(params: Any) -> tuple[int | None, int | None]:
+    if params is None:
+        return (None, None)
+    return (params.q_blocksize, params.kv_blocksize)
 
 
 def flash_attention(
     query, key, value, bias=None, *, attention_mask=None, q_segment_ids=None, kv_segment_ids=None,
     softmax_scale=None, causal=False, sliding_window=None, logits_soft_cap=None, dropout_prob=0.0,
     dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None, fwd_params=None, bwd_params=None,
-):
-    b, t, h, d = query.shape
-    s, kh = key.shape[1], key.shape[2]
-    scale = d**-0.5 if softmax_scale is None else softmax_scale
-    qg = query.reshape(b, t, kh, h // kh, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", qg, key, preferred_element_type=jnp.float32) * scale
-    scores = scores.reshape(b, h, t, s)
-    if bias is not None:
-        scores = scores + bias.astype(jnp.float32)
-    if logits_soft_cap is not None:
-        scores = logits_soft_cap * jnp.tanh(scores / logits_soft_cap)
-    i = jnp.arange(t)[:, None]
-    j = jnp.arange(s)[None, :]
-    if cu_seqlens_q is not None:
-        seq_q = jnp.searchsorted(cu_seqlens_q, jnp.arange(t), side="right") - 1
-        seq_k = jnp.searchsorted(cu_seqlens_k, jnp.arange(s), side="right") - 1
-        n = cu_seqlens_q.shape[0] - 1
-        sq = jnp.clip(seq_q, 0, n - 1)
-        allowed = (seq_q[:, None] == seq_k[None, :]) & (seq_q[:, None] < n)
-        offset = ((cu_seqlens_k[sq + 1] - cu_seqlens_k[sq]) - (cu_seqlens_q[sq + 1] - cu_seqlens_q[sq]))[:, None]
-        i = (i[:, 0] - cu_seqlens_q[sq])[:, None]
-        j = j - cu_seqlens_k[sq][:, None]
-    else:
-        allowed = jnp.ones((t, s), bool)
-        offset = s - t
-    if causal:
-        allowed &= j <= i + offset
-    window = normalize_window(sliding_window)
-    if window is not None:
-        allowed &= (j >= i + offset - window[0]) & (j <= i + offset + window[1])
-    allowed = allowed[None, None]
-    if attention_mask is not None:
-        allowed = allowed & attention_mask
-    if q_segment_ids is not None:
-        allowed = allowed & (q_segment_ids[:, None, :, None] == kv_segment_ids[:, None, None, :])
-    scores = jnp.where(allowed, scores, -jnp.inf)
-    m = jnp.max(scores, axis=-1, keepdims=True)
-    p = jnp.exp(scores - jnp.where(jnp.isfinite(m), m, 0.0))
-    p = p / jnp.maximum(jnp.sum(p, axis=-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
+):  # fmt: skip
+    """Blockwise flash attention (contract: ``ejkernel.kernels.signatures.flash_attention``).
+
+    ``fwd_params``/``bwd_params``: ``q_blocksize``/``kv_blocksize`` of the forward and backward
+    (None: ``default_blocks``); ``num_warps``/``num_stages`` mean nothing here.
+    """
+    dropout_prob = float(dropout_prob)
+    static_seed = seed = None
     if dropout_prob > 0:
-        bi, hi, ti, si = (jnp.arange(n).reshape([-1 if a == ax else 1 for a in range(4)]) for ax, n in enumerate((b, h, t, s)))
-        p = jnp.where(dropout_keep(dropout_seed, bi, hi, ti, si, h, dropout_prob, xp=jnp), p / (1 - dropout_prob), 0.0)
-    p = p.reshape(b, kh, h // kh, t, s).astype(value.dtype)
-    out = jnp.einsum("bkgts,bskd->btkgd", p, value, preferred_element_type=jnp.float32)
-    return out.reshape(b, t, h, -1).astype(query.dtype)
+        if dropout_seed is None:
+            raise ValueError("flash_attention: dropout_prob > 0 needs dropout_seed (an int or a scalar integer array)")
+        if isinstance(dropout_seed, int | np.integer):
+            static_seed = int(dropout_seed)  # static: part of the options
+        else:
+            seed = dropout_seed  # an array, traced like the other inputs
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("flash_attention: pass both q_segment_ids and kv_segment_ids, or neither")
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("flash_attention: pass both cu_seqlens_q and cu_seqlens_k, or neither")
+    opts = Options(
+        scale=float(query.shape[-1] ** -0.5 if softmax_scale is None else softmax_scale),
+        causal=bool(causal),
+        window=normalize_window(sliding_window),
+        soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
+        dropout_prob=dropout_prob,
+        static_seed=static_seed,
+        fwd_blocks=_blocks(fwd_params),
+        bwd_blocks=_blocks(bwd_params),
+    )
+    return attention(opts, query, key, value, bias, attention_mask, q_segment_ids, kv_segment_ids,
+                     seed, cu_seqlens_q, cu_seqlens_k)  # fmt: skip
+
+
+__all__ = ["candidate_cfgs", "flash_attention", "heuristic_cfg"]

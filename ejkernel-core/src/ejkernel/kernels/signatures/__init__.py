@@ -17,7 +17,9 @@ from ejkernel.kernels.signatures import flash_attention as _flash_attention
 class OpSpec:
     """One op's contract: its canonical stub, validator and the distributions that implement it."""
 
-    def __init__(self, name: str, stub: Callable[..., Any], validate: Callable[..., None], provided_by: tuple[str, ...]):
+    def __init__(
+        self, name: str, stub: Callable[..., Any], validate: Callable[..., None], provided_by: tuple[str, ...]
+    ):
         self.name = name
         self.stub = stub
         self.validate = validate
@@ -58,11 +60,15 @@ def check_signature(op: str, fn: Callable[..., Any], where: str) -> None:
                 f"{where}: parameter {p.name!r} of {op!r} must be {_kind(p.kind)}, the implementation has it {_kind(q.kind)}"
             )
         if got_names.index(p.name) != i and p.kind is not inspect.Parameter.KEYWORD_ONLY:
-            raise TypeError(f"{where}: parameter {p.name!r} of {op!r} must be at position {i}, found at {got_names.index(p.name)}")
+            raise TypeError(
+                f"{where}: parameter {p.name!r} of {op!r} must be at position {i}, found at {got_names.index(p.name)}"
+            )
         if (p.default is inspect.Parameter.empty) != (q.default is inspect.Parameter.empty) or (
             p.default is not inspect.Parameter.empty and q.default != p.default
         ):
-            raise TypeError(f"{where}: parameter {p.name!r} of {op!r} must default to {p.default!r}, found {q.default!r}")
+            raise TypeError(
+                f"{where}: parameter {p.name!r} of {op!r} must default to {p.default!r}, found {q.default!r}"
+            )
     extra = [n for n in got_names if n not in {p.name for p in expected}]
     if extra:
         raise TypeError(f"{where}: implementation of {op!r} has unexpected parameter {extra[0]!r}")

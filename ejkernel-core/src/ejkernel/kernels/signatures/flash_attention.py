@@ -113,7 +113,9 @@ def validate(
     if bk != b or _shape(value)[0] != b:
         raise ValueError(f"flash_attention: batch sizes differ: query {b}, key {bk}, value {_shape(value)[0]}")
     if dk != d:
-        raise ValueError(f"flash_attention: key head dim must equal query head dim {d}, got key shape {list(_shape(key))}")
+        raise ValueError(
+            f"flash_attention: key head dim must equal query head dim {d}, got key shape {list(_shape(key))}"
+        )
     if _shape(value)[1:3] != (s, kh):
         raise ValueError(
             f"flash_attention: value must be [B, S, K, Dv] = [{b}, {s}, {kh}, Dv] like key, got {list(_shape(value))}"
@@ -127,42 +129,64 @@ def validate(
     if attention_mask is not None:
         _broadcastable("attention_mask", attention_mask, (b, h, t, s))
         if _dtype(attention_mask) != "bool":
-            raise TypeError(f"flash_attention: attention_mask must be bool (True = attend), got {_dtype(attention_mask)}")
+            raise TypeError(
+                f"flash_attention: attention_mask must be bool (True = attend), got {_dtype(attention_mask)}"
+            )
     if (q_segment_ids is None) != (kv_segment_ids is None):
         raise ValueError("flash_attention: pass both q_segment_ids and kv_segment_ids, or neither")
     if q_segment_ids is not None:
         for name, x, want in (("q_segment_ids", q_segment_ids, (b, t)), ("kv_segment_ids", kv_segment_ids, (b, s))):
             if _shape(x) != want or not _is_int(x):
-                raise ValueError(f"flash_attention: {name} must be an integer array of shape {list(want)}, got {_dtype(x)}{list(_shape(x))}")
+                raise ValueError(
+                    f"flash_attention: {name} must be an integer array of shape {list(want)}, got {_dtype(x)}{list(_shape(x))}"
+                )
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise ValueError("flash_attention: pass both cu_seqlens_q and cu_seqlens_k, or neither")
     if cu_seqlens_q is not None:
         if q_segment_ids is not None:
-            raise ValueError("flash_attention: cu_seqlens_q/cu_seqlens_k and q_segment_ids/kv_segment_ids both pack sequences; pass one")
+            raise ValueError(
+                "flash_attention: cu_seqlens_q/cu_seqlens_k and q_segment_ids/kv_segment_ids both pack sequences; pass one"
+            )
         if b != 1:
-            raise ValueError(f"flash_attention: with cu_seqlens_q the sequences are packed along T, so batch must be 1, got {b}")
+            raise ValueError(
+                f"flash_attention: with cu_seqlens_q the sequences are packed along T, so batch must be 1, got {b}"
+            )
         n = _shape(cu_seqlens_q)
         for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
             if len(_shape(x)) != 1 or _shape(x)[0] < 2 or not _is_int(x):
-                raise ValueError(f"flash_attention: {name} must be a 1-D integer array [N+1] with N >= 1, got {_dtype(x)}{list(_shape(x))}")
+                raise ValueError(
+                    f"flash_attention: {name} must be a 1-D integer array [N+1] with N >= 1, got {_dtype(x)}{list(_shape(x))}"
+                )
         if _shape(cu_seqlens_k) != n:
-            raise ValueError(f"flash_attention: cu_seqlens_q and cu_seqlens_k must have the same length, got {n[0]} and {_shape(cu_seqlens_k)[0]}")
+            raise ValueError(
+                f"flash_attention: cu_seqlens_q and cu_seqlens_k must have the same length, got {n[0]} and {_shape(cu_seqlens_k)[0]}"
+            )
     if softmax_scale is not None and not isinstance(softmax_scale, int | float):
-        raise TypeError(f"flash_attention: softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
+        raise TypeError(
+            f"flash_attention: softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}"
+        )
     if not isinstance(causal, bool):
         raise TypeError(f"flash_attention: causal must be a bool, got {type(causal).__name__}")
     if sliding_window is not None:
         w = (sliding_window, sliding_window) if isinstance(sliding_window, int) else sliding_window
         if not (isinstance(w, tuple | list) and len(w) == 2 and all(isinstance(x, int) and x >= 0 for x in w)):
-            raise ValueError(f"flash_attention: sliding_window must be an int >= 0 or a pair (left, right) of ints >= 0, got {sliding_window!r}")
+            raise ValueError(
+                f"flash_attention: sliding_window must be an int >= 0 or a pair (left, right) of ints >= 0, got {sliding_window!r}"
+            )
     if logits_soft_cap is not None and not (isinstance(logits_soft_cap, int | float) and logits_soft_cap > 0):
         raise ValueError(f"flash_attention: logits_soft_cap must be a positive float or None, got {logits_soft_cap!r}")
     if not (isinstance(dropout_prob, int | float) and 0.0 <= dropout_prob < 1.0):
         raise ValueError(f"flash_attention: dropout_prob must be a float in [0, 1), got {dropout_prob!r}")
     if dropout_prob > 0 and dropout_seed is None:
         raise ValueError("flash_attention: dropout_prob > 0 needs dropout_seed (an int or a scalar integer array)")
-    if dropout_seed is not None and not isinstance(dropout_seed, int) and (_shape(dropout_seed) != () or not _is_int(dropout_seed)):
-        raise TypeError(f"flash_attention: dropout_seed must be an int or a scalar integer array, got {_dtype(dropout_seed)}{list(_shape(dropout_seed))}")
+    if (
+        dropout_seed is not None
+        and not isinstance(dropout_seed, int)
+        and (_shape(dropout_seed) != () or not _is_int(dropout_seed))
+    ):
+        raise TypeError(
+            f"flash_attention: dropout_seed must be an int or a scalar integer array, got {_dtype(dropout_seed)}{list(_shape(dropout_seed))}"
+        )
 
 
 def normalize_window(sliding_window: int | tuple[int, int] | None) -> tuple[int, int] | None:

@@ -21,7 +21,9 @@ class FlashAttention(Kernel[FlashAttentionConfig]):
     def normalize(self, arguments: dict[str, Any]) -> dict[str, Any]:
         d = arguments["query"].shape[-1]
         arguments["sliding_window"] = normalize_window(arguments["sliding_window"])
-        arguments["softmax_scale"] = float(d**-0.5 if arguments["softmax_scale"] is None else arguments["softmax_scale"])
+        arguments["softmax_scale"] = float(
+            d**-0.5 if arguments["softmax_scale"] is None else arguments["softmax_scale"]
+        )
         if arguments["logits_soft_cap"] is not None:
             arguments["logits_soft_cap"] = float(arguments["logits_soft_cap"])
         arguments["dropout_prob"] = float(arguments["dropout_prob"])
@@ -108,13 +110,31 @@ def flash_attention(
     >>> flash_attention(q, k, v, causal=True).shape
     (2, 128, 8, 64)
     """
-    arrays = {"query": query, "key": key, "value": value, "bias": bias, "attention_mask": attention_mask,
-              "q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "dropout_seed": dropout_seed,
-              "cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k}
-    options = {"softmax_scale": softmax_scale, "causal": causal, "sliding_window": sliding_window,
-               "logits_soft_cap": logits_soft_cap, "dropout_prob": dropout_prob}
+    arrays = {
+        "query": query,
+        "key": key,
+        "value": value,
+        "bias": bias,
+        "attention_mask": attention_mask,
+        "q_segment_ids": q_segment_ids,
+        "kv_segment_ids": kv_segment_ids,
+        "dropout_seed": dropout_seed,
+        "cu_seqlens_q": cu_seqlens_q,
+        "cu_seqlens_k": cu_seqlens_k,
+    }
+    options = {
+        "softmax_scale": softmax_scale,
+        "causal": causal,
+        "sliding_window": sliding_window,
+        "logits_soft_cap": logits_soft_cap,
+        "dropout_prob": dropout_prob,
+    }
     return maybe_shard_map(
         "flash_attention",
         lambda **kw: _executor(_kernel, cfg=cfg, platform=platform, backend=backend, **kw),
-        arrays, options, mesh=mesh, in_specs=in_specs, out_specs=out_specs,
+        arrays,
+        options,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
     )

@@ -65,8 +65,9 @@ class Autotuner:
         """
         return self._pool.submit(self._tune, title, candidates, make_args).result()
 
-    def _tune(self, title: str, candidates: Sequence[tuple[str, Callable[..., Any]]],
-              make_args: Callable[[], Sequence[Any]]) -> tuple[int, list[Timing]]:
+    def _tune(
+        self, title: str, candidates: Sequence[tuple[str, Callable[..., Any]]], make_args: Callable[[], Sequence[Any]]
+    ) -> tuple[int, list[Timing]]:
         args = make_args()
         log = _log_enabled()
         timings = []
@@ -82,8 +83,9 @@ class Autotuner:
                 print(f"ejkernel autotune {title} [{n}/{len(candidates)}] {label}: {what}", file=sys.stderr)
         ok = [(t.seconds, i) for i, t in enumerate(timings) if t.seconds is not None]
         if not ok:
-            raise AutotuneError(f"autotuning {title}: every candidate failed: " +
-                                "; ".join(f"{t.label}: {t.error}" for t in timings))
+            raise AutotuneError(
+                f"autotuning {title}: every candidate failed: " + "; ".join(f"{t.label}: {t.error}" for t in timings)
+            )
         best = min(ok)[1]
         if log:
             print(f"ejkernel autotune {title}: chose {timings[best].label}", file=sys.stderr)

@@ -32,9 +32,13 @@ class BaseOperationConfig:
         object.__setattr__(self, "platform", str(getattr(self.platform, "value", self.platform)).lower())
         object.__setattr__(self, "backend", str(getattr(self.backend, "value", self.backend)).lower())
         if self.fwd_params is not None and not isinstance(self.fwd_params, FwdParams):
-            raise TypeError(f"{type(self).__name__}: fwd_params must be FwdParams or None, got {type(self.fwd_params).__name__}")
+            raise TypeError(
+                f"{type(self).__name__}: fwd_params must be FwdParams or None, got {type(self.fwd_params).__name__}"
+            )
         if self.bwd_params is not None and not isinstance(self.bwd_params, BwdParams):
-            raise TypeError(f"{type(self).__name__}: bwd_params must be BwdParams or None, got {type(self.bwd_params).__name__}")
+            raise TypeError(
+                f"{type(self).__name__}: bwd_params must be BwdParams or None, got {type(self.bwd_params).__name__}"
+            )
 
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {"platform": self.platform, "backend": self.backend}

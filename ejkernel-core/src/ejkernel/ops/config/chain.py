@@ -14,7 +14,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from ejkernel.ops.config.autotune import Autotuner, AutotuneError, Timing
+from ejkernel.ops.config.autotune import AutotuneError, Autotuner, Timing
 from ejkernel.ops.config.base import BaseOperationConfig
 from ejkernel.ops.config.fingerprint import device_fingerprint, fingerprint_id, stable_hash
 from ejkernel.ops.config.persistent import PersistentCache
@@ -42,14 +42,18 @@ def autotune_policy() -> str:
 
 # -- overlay --------------------------------------------------------------------------------------
 
+
 def _make_overlay_state() -> Any:
     """A JAX config state (part of the jit cache key) when this JAX has one, else a thread-local stand-in."""
     try:
         from jax._src import config as jax_config
 
         return jax_config.string_or_object_state(
-            "ejkernel_config_overlay", None, "ejkernel per-op config overlay",
-            include_in_jit_key=True, include_in_trace_context=True,
+            "ejkernel_config_overlay",
+            None,
+            "ejkernel per-op config overlay",
+            include_in_jit_key=True,
+            include_in_trace_context=True,
         )
     except Exception:  # a JAX without this internal API: the overlay still works, minus jit re-tracing
         return None
@@ -93,6 +97,7 @@ def overlay(configs: Mapping[str, BaseOperationConfig]) -> Iterator[None]:
 
 # -- selection ------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass
 class Selection:
     """The outcome of one stage: which implementation, which params, which tier decided, and why."""
@@ -107,7 +112,10 @@ class Selection:
 
     def describe(self) -> str:
         params = self.params.to_dict() if self.params is not None else {}
-        return f"{self.op} {self.stage}: {self.impl.name} (from {self.impl.plugin}) {params} via {self.tier}; " + "; ".join(self.why)
+        return (
+            f"{self.op} {self.stage}: {self.impl.name} (from {self.impl.plugin}) {params} via {self.tier}; "
+            + "; ".join(self.why)
+        )
 
 
 class ConfigSelectorChain:
@@ -183,7 +191,10 @@ class ConfigSelectorChain:
             impl = chosen[0]
             wanted = cfg.fwd_params if stage == "fwd" else cfg.bwd_params
             params = wanted if wanted is not None else impl.heuristic_cfg(inv, stage)
-            why.append(f"{tier} config" + ("" if wanted is not None else f" (its {stage}_params unset: {impl.name}'s heuristic)"))
+            why.append(
+                f"{tier} config"
+                + ("" if wanted is not None else f" (its {stage}_params unset: {impl.name}'s heuristic)")
+            )
             return self._remember(Selection(inv.op, stage, impl, params, tier, why))
 
         # Tiers 3 and 4: what was tuned before, in this process or on disk.
@@ -215,8 +226,10 @@ class ConfigSelectorChain:
                     if (impl, params) not in candidates:
                         candidates.append((impl, params))
             labelled = [
-                (f"{impl.name} {params.to_dict() if params is not None else {}}",
-                 timing_fn(impl, params, None) if stage == "fwd" else timing_fn(impl, fwd.params, params))
+                (
+                    f"{impl.name} {params.to_dict() if params is not None else {}}",
+                    timing_fn(impl, params, None) if stage == "fwd" else timing_fn(impl, fwd.params, params),
+                )
                 for impl, params in candidates
             ]
             try:
@@ -225,14 +238,24 @@ class ConfigSelectorChain:
                 why.append(str(e))
             else:
                 impl, params = candidates[best]
-                entry = {"impl": impl.name, "impl_version": impl.version,
-                         "params": params.to_dict() if params is not None else {},
-                         "seconds": timings[best].seconds, "invocation": inv.describe()}
+                entry = {
+                    "impl": impl.name,
+                    "impl_version": impl.version,
+                    "params": params.to_dict() if params is not None else {},
+                    "seconds": timings[best].seconds,
+                    "invocation": inv.describe(),
+                }
                 self.memory[mem_key] = entry
                 self.persistent.put(fp_id, inv.op, key, entry, device_fingerprint())
                 failed = [t for t in timings if t.seconds is None]
-                why.append(f"fastest of {len(timings)} candidates ({timings[best].seconds * 1e3:.3f} ms)"
-                           + (f"; {len(failed)} failed: " + "; ".join(f"{t.label}: {t.error}" for t in failed) if failed else ""))
+                why.append(
+                    f"fastest of {len(timings)} candidates ({timings[best].seconds * 1e3:.3f} ms)"
+                    + (
+                        f"; {len(failed)} failed: " + "; ".join(f"{t.label}: {t.error}" for t in failed)
+                        if failed
+                        else ""
+                    )
+                )
                 return self._remember(Selection(inv.op, stage, impl, params, "autotune", why, timings))
 
         # Tier 6: the best implementation's own heuristic.

@@ -82,8 +82,9 @@ class PersistentCache:
                 where = f"moved aside to {aside}"
             except OSError as move_error:
                 where = f"and could not be moved aside ({move_error})"
-            warnings.warn(f"ejkernel: config cache {path} is corrupt ({e}); {where}; starting afresh",
-                          CacheWarning, stacklevel=4)
+            warnings.warn(
+                f"ejkernel: config cache {path} is corrupt ({e}); {where}; starting afresh", CacheWarning, stacklevel=4
+            )
             return {}
 
     def get(self, fingerprint_id: str, op: str, key: str) -> dict[str, Any] | None:
@@ -107,8 +108,11 @@ class PersistentCache:
                     self._loaded[path] = entries
                 return True
             except (OSError, filelock.Timeout) as e:
-                self._warn_once(f"write:{path.parent}", f"ejkernel: cannot write the config cache under {path.parent} "
-                                f"({e}); tuned configs stay in memory for this process")
+                self._warn_once(
+                    f"write:{path.parent}",
+                    f"ejkernel: cannot write the config cache under {path.parent} "
+                    f"({e}); tuned configs stay in memory for this process",
+                )
                 return False
 
     @staticmethod
@@ -155,8 +159,14 @@ class PersistentCache:
                 data = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            files.append({"fingerprint_id": path.parent.name, "op": path.stem,
-                          "fingerprint": data.get("fingerprint", {}), "entries": data.get("entries", {})})
+            files.append(
+                {
+                    "fingerprint_id": path.parent.name,
+                    "op": path.stem,
+                    "fingerprint": data.get("fingerprint", {}),
+                    "entries": data.get("entries", {}),
+                }
+            )
         return {"format": FORMAT, "kind": "ejkernel-config-cache", "files": files}
 
     def import_(self, document: dict[str, Any]) -> int:
@@ -165,7 +175,11 @@ class PersistentCache:
         Raises:
             ValueError: the document is not an ejkernel cache export.
         """
-        if not isinstance(document, dict) or document.get("kind") != "ejkernel-config-cache" or document.get("format") != FORMAT:
+        if (
+            not isinstance(document, dict)
+            or document.get("kind") != "ejkernel-config-cache"
+            or document.get("format") != FORMAT
+        ):
             raise ValueError(f"not an ejkernel cache export of format {FORMAT} (expected keys 'kind' and 'format')")
         n = 0
         for f in document.get("files", []):

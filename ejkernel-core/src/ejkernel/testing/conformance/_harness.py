@@ -25,11 +25,15 @@ def implementations_under_test(config: Any, op: str) -> list[Any]:
     """``pytest.param``s of the implementations of ``op`` selected by ``--ejkernel-platform``/``--ejkernel-backend``."""
     platforms = set(config.getoption("ejkernel_platform", default=[]) or [])
     backend = config.getoption("ejkernel_backend", default=None) or current_backend()
-    impls = [i for i in kernel_registry.implementations(op, backend=backend) if not platforms or i.platform in platforms]
+    impls = [
+        i for i in kernel_registry.implementations(op, backend=backend) if not platforms or i.platform in platforms
+    ]
     if not impls:
         wanted = f" for platform(s) {sorted(platforms)}" if platforms else ""
-        reason = (f"no implementation of {op}{wanted} installed for backend {backend!r} "
-                  f"(install one of: {', '.join(OPS[op].provided_by) if op in OPS else 'a plugin that provides it'})")
+        reason = (
+            f"no implementation of {op}{wanted} installed for backend {backend!r} "
+            f"(install one of: {', '.join(OPS[op].provided_by) if op in OPS else 'a plugin that provides it'})"
+        )
         return [pytest.param(None, id="none-installed", marks=pytest.mark.skip(reason=reason))]
     return [pytest.param(i, id=i.name) for i in impls]
 

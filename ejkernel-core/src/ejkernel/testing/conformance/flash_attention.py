@@ -165,16 +165,18 @@ def test_gradients_match_reference(impl, case, dtype):
         assert_close(g, w, GRAD_RTOL[dtype], f"{case.name} {name}", seed)
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if c.name in ("gqa_causal", "soft_cap", "bias_full", "window_asymmetric")],
-                         ids=lambda c: c.name)
+@pytest.mark.parametrize(
+    "case",
+    [c for c in CASES if c.name in ("gqa_causal", "soft_cap", "bias_full", "window_asymmetric")],
+    ids=lambda c: c.name,
+)
 def test_check_grads_numerically(impl, case):
     small = dataclasses.replace(case, b=1, t=7, s=9, h=2, k=1, d=8)
     key, seed = fresh_key()
     args, kwargs = make_inputs(small, "float32", key)
     skip_if_unsupported(impl, args, kwargs)
     with jax.enable_x64(False):
-        check_grads(lambda *a: call(impl, *a, **kwargs), args, order=1, modes=("rev",),
-                                  atol=3e-2, rtol=3e-2, eps=1e-2)
+        check_grads(lambda *a: call(impl, *a, **kwargs), args, order=1, modes=("rev",), atol=3e-2, rtol=3e-2, eps=1e-2)
 
 
 def test_fully_masked_rows_give_zeros_and_zero_gradients(impl):
@@ -221,14 +223,34 @@ BAD_INPUTS = [
     ("int_query", lambda q, k, v: ((q.astype(jnp.int32), k, v), {}), "query must be float32, bfloat16 or float16"),
     ("heads", lambda q, k, v: ((q[:, :, :3], k, v), {}), "multiple of key/value heads"),
     ("head_dim", lambda q, k, v: ((q, k[..., :8], v), {}), "key head dim must equal query head dim"),
-    ("bias_shape", lambda q, k, v: ((q, k, v, jnp.zeros((2, 4, 5, 5))), {}), r"bias must have shape \[B\|1, H\|1, T, S\]"),
-    ("mask_dtype", lambda q, k, v: ((q, k, v), {"attention_mask": jnp.ones((1, 1, 8, 8))}), "attention_mask must be bool"),
+    (
+        "bias_shape",
+        lambda q, k, v: ((q, k, v, jnp.zeros((2, 4, 5, 5))), {}),
+        r"bias must have shape \[B\|1, H\|1, T, S\]",
+    ),
+    (
+        "mask_dtype",
+        lambda q, k, v: ((q, k, v), {"attention_mask": jnp.ones((1, 1, 8, 8))}),
+        "attention_mask must be bool",
+    ),
     ("dropout_seed", lambda q, k, v: ((q, k, v), {"dropout_prob": 0.1}), "needs dropout_seed"),
-    ("dropout_prob", lambda q, k, v: ((q, k, v), {"dropout_prob": 1.0, "dropout_seed": 0}), r"dropout_prob must be a float in \[0, 1\)"),
+    (
+        "dropout_prob",
+        lambda q, k, v: ((q, k, v), {"dropout_prob": 1.0, "dropout_seed": 0}),
+        r"dropout_prob must be a float in \[0, 1\)",
+    ),
     ("window", lambda q, k, v: ((q, k, v), {"sliding_window": (-1, 2)}), "sliding_window must be"),
     ("soft_cap", lambda q, k, v: ((q, k, v), {"logits_soft_cap": 0.0}), "logits_soft_cap must be a positive"),
-    ("segments_half", lambda q, k, v: ((q, k, v), {"q_segment_ids": jnp.zeros((2, 8), jnp.int32)}), "pass both q_segment_ids"),
-    ("varlen_batch", lambda q, k, v: ((q, k, v), {"cu_seqlens_q": jnp.array([0, 8]), "cu_seqlens_k": jnp.array([0, 8])}), "batch must be 1"),
+    (
+        "segments_half",
+        lambda q, k, v: ((q, k, v), {"q_segment_ids": jnp.zeros((2, 8), jnp.int32)}),
+        "pass both q_segment_ids",
+    ),
+    (
+        "varlen_batch",
+        lambda q, k, v: ((q, k, v), {"cu_seqlens_q": jnp.array([0, 8]), "cu_seqlens_k": jnp.array([0, 8])}),
+        "batch must be 1",
+    ),
     ("unknown_option", lambda q, k, v: ((q, k, v), {"casual": True}), "casual"),
 ]
 

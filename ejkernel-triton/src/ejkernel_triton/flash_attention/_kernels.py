@@ -1,0 +1,1136 @@
+"""Triton kernels of flash attention: forward, and the FlashAttention-2 backward.
+
+Layouts (all C-contiguous, built by ``interface.py``):
+
+* ``q [B, T, H, D]``, ``k [B, S, KH, D]``, ``v [B, S, KH, DV]``, ``o``/``do [B, T, H, DV]``;
+* ``lse``/``delta [B, H, T]`` float32;
+* ``bias [NB, NH, T, S]`` (``NB`` in ``{1, B}``, ``NH`` in ``{1, H}``; a broadcast dimension has
+  stride 0), ``mask`` likewise as int8 (nonzero = attend);
+* segment ids ``[B, T]`` / ``[B, S]`` int32;
+* ``row_lo``/``row_hi [T]`` int32: query ``i`` may attend keys ``row_lo[i] <= j < row_hi[i]`` (the
+  causal, sliding-window and varlen constraints, computed once in JAX; an empty row has
+  ``lo = S, hi = 0``); ``col_lo``/``col_hi [S]``: key ``j`` is attended by the queries
+  ``col_lo[j] <= i < col_hi[j]`` (the same constraints seen from the key side; ``lo = T, hi = 0``
+  when empty).
+
+The intervals are what lets every kernel skip work: a block of rows only visits the key blocks in
+``[min lo, max hi)``, and the key blocks that every row of the block admits whole (``max lo``..
+``min hi``) run an unmasked loop body. Attention masks and segment ids are per element, so with
+them every visited tile takes the masked path.
+
+Scores are kept in log2 units (``s * log2(e)``) so that the softmax uses ``exp2``; ``lse`` is
+stored in natural-log units, ``-inf`` for a row that admits no key.
+
+Names follow the fla convention: ``b_x`` a tile in registers, ``p_x`` a tile of pointers, ``m_i``
+the running row max, ``l_i`` the running row sum; ``# [BM, BD]`` comments give tile shapes.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ejkernel_triton import launch as _launch  # must run before any @triton.jit below (interpreter switch)
+
+# Triton's interpreter (3.x) hands bfloat16 tiles to numpy's matmul as raw uint16 bit patterns, so
+# in the interpreter bf16 operands are upcast to float32 before tl.dot (bf16 x bf16 products are
+# exact in float32, so this reproduces a tensor-core dot with float32 accumulation). Never on GPU.
+_UPCAST_BF16_DOT = tl.constexpr(_launch.INTERPRET)
+# float32 inputs: full-precision (FMA) dots rather than tf32, so float32 results match the float32
+# reference to ~1e-6 rather than ~1e-3. bf16/fp16 inputs always use tensor cores.
+_F32_DOT_PRECISION = tl.constexpr("ieee")
+_LOG2E = tl.constexpr(1.4426950408889634)
+_LN2 = tl.constexpr(0.6931471805599453)
+
+
+# ------------------------------------------------------------------------------------------------
+# Small helpers (inlined by Triton).
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _mma(a, b, acc):
+    """``acc + a @ b`` with float32 accumulation (see the notes on the two constants above)."""
+    if _UPCAST_BF16_DOT:
+        if a.dtype == tl.bfloat16:
+            a = a.to(tl.float32)
+            b = b.to(tl.float32)
+    if a.dtype == tl.float32:
+        acc = tl.dot(a, b, acc, input_precision=_F32_DOT_PRECISION)
+    else:
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _mix32(x):
+    """lowbias32, the uint32 hash of ``ejkernel.kernels.signatures.flash_attention.mix32``.
+
+    ``x`` is uint32: shifts are logical and products wrap mod 2**32, exactly like numpy's uint32."""
+    x = x ^ (x >> 16)
+    x = x * 0x7FEB352D
+    x = x ^ (x >> 15)
+    x = x * 0x846CA68B
+    return x ^ (x >> 16)
+
+
+@triton.jit
+def _row_hash(seed, bh, rows):
+    """``mix32(mix32(seed ^ (b*H + h)) ^ i)``: the per-row half of ``dropout_keep`` (once per row)."""
+    return _mix32(_mix32(seed ^ bh.to(tl.uint32)) ^ rows.to(tl.uint32))
+
+
+@triton.jit
+def _dropout_keep(row_hash, jj, DROP_THRESH: tl.constexpr):
+    """Element half of ``dropout_keep``: ``mix32(row ^ j) >= p * 2**32``; broadcasts like its inputs."""
+    return _mix32(row_hash ^ jj.to(tl.uint32)) >= DROP_THRESH
+
+
+@triton.jit
+def _tanh(x):
+    """tanh from exp (no libdevice, so the interpreter runs it too); saturates cleanly at +-1."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _load_tile(
+    base, rows, row_stride, n_rows, N_COLS: tl.constexpr, BLOCK_COLS: tl.constexpr, CHECK_ROWS: tl.constexpr
+):
+    """Tile ``[len(rows), BLOCK_COLS]`` of a row-major matrix; columns past ``N_COLS`` (head-dim
+    padding to a power of two) and, when ``CHECK_ROWS``, rows past ``n_rows`` read as 0."""
+    cols = tl.arange(0, BLOCK_COLS)
+    p_x = base + rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
+    if CHECK_ROWS:
+        if N_COLS == BLOCK_COLS:
+            b_x = tl.load(p_x, mask=(rows < n_rows)[:, None], other=0.0)
+        else:
+            b_x = tl.load(p_x, mask=(rows < n_rows)[:, None] & (cols < N_COLS)[None, :], other=0.0)
+    else:
+        if N_COLS == BLOCK_COLS:
+            b_x = tl.load(p_x)
+        else:
+            b_x = tl.load(p_x, mask=(cols < N_COLS)[None, :], other=0.0)
+    return b_x
+
+
+@triton.jit
+def _store_tile(base, b_x, rows, row_stride, n_rows, N_COLS: tl.constexpr, BLOCK_COLS: tl.constexpr):
+    cols = tl.arange(0, BLOCK_COLS)
+    p_x = base + rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
+    if N_COLS == BLOCK_COLS:
+        tl.store(p_x, b_x.to(p_x.dtype.element_ty), mask=(rows < n_rows)[:, None])
+    else:
+        tl.store(p_x, b_x.to(p_x.dtype.element_ty), mask=(rows < n_rows)[:, None] & (cols < N_COLS)[None, :])
+
+
+@triton.jit
+def _block_range(lo, hi, BLOCK: tl.constexpr, ALL_MASKED: tl.constexpr):
+    """Split the blocks one row block (or key block) must visit into masked | full | masked.
+
+    ``lo``/``hi`` are the per-row intervals of the block. Visited: ``[start, end)`` with ``start``
+    rounded down to a block boundary; blocks inside ``[full_lo, full_hi)`` are admitted whole by
+    every row, so they need no mask. All four are block-aligned except where clamped to ``end``.
+    """
+    start = (tl.min(lo, axis=0) // BLOCK) * BLOCK
+    end = tl.max(hi, axis=0)
+    if ALL_MASKED:
+        full_lo = end
+        full_hi = end
+    else:
+        full_lo = ((tl.max(lo, axis=0) + BLOCK - 1) // BLOCK) * BLOCK
+        full_hi = (tl.min(hi, axis=0) // BLOCK) * BLOCK
+    full_lo = tl.minimum(tl.maximum(full_lo, start), end)
+    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), end)
+    return start, full_lo, full_hi, end
+
+
+@triton.jit
+def _allowed(ii, jj, lo, hi, mask_base, qseg, kseg, S, HAS_MASK: tl.constexpr, HAS_SEG: tl.constexpr):
+    """Which (query ``ii``, key ``jj``) pairs attend; every argument broadcasts to the tile shape.
+
+    The interval test also rejects rows past T and keys past S (their intervals are empty / never
+    reach past S), so the mask load below is always in bounds."""
+    ok = (jj >= lo) & (jj < hi)
+    if HAS_MASK:
+        b_m = tl.load(mask_base + ii.to(tl.int64) * S + jj, mask=ok, other=0)
+        ok = ok & (b_m != 0)
+    if HAS_SEG:
+        ok = ok & (qseg == kseg)
+    return ok
+
+
+@triton.jit
+def _scores(
+    qk,
+    ii,
+    jj,
+    ok,
+    bias_base,
+    sm_scale,
+    softcap,
+    S,
+    CHECK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+):
+    """Raw ``q . k`` -> scores in log2 units, in the contract's order: scale, + bias, soft cap.
+
+    Also returns ``tanh(s / softcap)`` (needed by the soft-cap backward; a dummy without it).
+    ``ok`` guards the bias load where the tile may leave the matrix (``CHECK``)."""
+    if HAS_BIAS or HAS_SOFTCAP:
+        s = qk * sm_scale
+        if HAS_BIAS:
+            p_bias = bias_base + ii.to(tl.int64) * S + jj
+            if CHECK:
+                b_bias = tl.load(p_bias, mask=ok, other=0.0)
+            else:
+                b_bias = tl.load(p_bias)
+            s = s + b_bias.to(tl.float32)
+        t = s
+        if HAS_SOFTCAP:
+            t = _tanh(s / softcap)
+            s = softcap * t
+        s2 = s * _LOG2E
+    else:
+        s2 = qk * (sm_scale * _LOG2E)
+        t = s2
+    return s2, t
+
+
+# ------------------------------------------------------------------------------------------------
+# Forward.
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _fwd_inner(
+    acc,
+    l_i,
+    m_i,
+    b_q,
+    offs_m,
+    lo,
+    hi,
+    qseg,
+    row_hash,
+    k_base,
+    v_base,
+    bias_base,
+    mask_base,
+    kseg_base,
+    sm_scale,
+    softcap,
+    S,
+    n_start,
+    n_stop,
+    KH: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    DROP_THRESH: tl.constexpr,
+):
+    """Online softmax over the key blocks ``[n_start, n_stop)`` for one block of query rows."""
+    ii = offs_m[:, None]  # [BM, 1]
+    for start_n in range(n_start, n_stop, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        jj = offs_n[None, :]  # [1, BN]
+        # S_ij = q_i . k_j on the tensor cores.
+        b_k = _load_tile(k_base, offs_n, KH * D, S, D, BLOCK_D, MASKED)  # [BN, BD]
+        b_qk = _mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
+        if MASKED:
+            if HAS_SEG:
+                b_kseg = tl.load(kseg_base + offs_n, mask=offs_n < S, other=-2)
+            else:
+                b_kseg = offs_n
+            ok = _allowed(
+                ii, jj, lo[:, None], hi[:, None], mask_base, qseg[:, None], b_kseg[None, :], S, HAS_MASK, HAS_SEG
+            )  # [BM, BN]
+            b_s, _t = _scores(b_qk, ii, jj, ok, bias_base, sm_scale, softcap, S, True, HAS_BIAS, HAS_SOFTCAP)
+            b_s = tl.where(ok, b_s, float("-inf"))
+        else:
+            b_s, _t = _scores(b_qk, ii, jj, 0, bias_base, sm_scale, softcap, S, False, HAS_BIAS, HAS_SOFTCAP)
+        # Online softmax: new running max; a row that has seen only -inf keeps a finite reference
+        # point (0) so that exp2(-inf - m) is 0, never NaN (-inf can also come from the bias).
+        m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+        b_p = tl.exp2(b_s - m_ref[:, None])  # [BM, BN]
+        alpha = tl.exp2(m_i - m_ref)  # rescales the old sums
+        l_i = l_i * alpha + tl.sum(b_p, 1)
+        acc = acc * alpha[:, None]
+        # Dropout acts on the normalized probabilities, so l_i (the softmax denominator) is summed
+        # before it; the 1/(1-p) survivor scale is applied once at the end.
+        if DROP_THRESH > 0:
+            b_p = tl.where(_dropout_keep(row_hash[:, None], jj, DROP_THRESH), b_p, 0.0)
+        b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, MASKED)  # [BN, BDV]
+        acc = _mma(b_p.to(b_v.dtype), b_v, acc)  # [BM, BDV]
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def _attn_fwd(
+    Q,
+    K,
+    V,
+    Bias,
+    Mask,
+    QSeg,
+    KSeg,
+    RowLo,
+    RowHi,
+    Seed,
+    sm_scale,
+    softcap,
+    drop_scale,
+    T,
+    S,
+    bias_sb,
+    bias_sh,
+    mask_sb,
+    mask_sh,
+    O,
+    LSE,
+    H: tl.constexpr,
+    KH: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    DROP_THRESH: tl.constexpr,
+):
+    """One program: BLOCK_M query rows of one (batch, head). Grid ``(cdiv(T, BM), H, B)``."""
+    pid_m = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_kh = i_h // (H // KH)  # GQA/MQA: query head h reads kv head h // (H // KH)
+    i_b64 = i_b.to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    row_ok = offs_m < T
+    # Key interval of every row; rows past T get an empty one so they never widen the range.
+    lo = tl.load(RowLo + offs_m, mask=row_ok, other=S)  # [BM]
+    hi = tl.load(RowHi + offs_m, mask=row_ok, other=0)
+    n_start, n_full_lo, n_full_hi, n_end = _block_range(lo, hi, BLOCK_N, HAS_MASK or HAS_SEG)
+
+    q_base = Q + i_b64 * T * (H * D) + i_h * D
+    k_base = K + i_b64 * S * (KH * D) + i_kh * D
+    v_base = V + i_b64 * S * (KH * DV) + i_kh * DV
+    bias_base = Bias + i_b64 * bias_sb + i_h.to(tl.int64) * bias_sh
+    mask_base = Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh
+    kseg_base = KSeg + i_b64 * S
+    if HAS_SEG:
+        qseg = tl.load(QSeg + i_b64 * T + offs_m, mask=row_ok, other=-1)
+    else:
+        qseg = offs_m
+    if DROP_THRESH > 0:
+        row_hash = _row_hash(tl.load(Seed), i_b * H + i_h, offs_m)  # [BM] uint32
+    else:
+        row_hash = offs_m
+
+    b_q = _load_tile(q_base, offs_m, H * D, T, D, BLOCK_D, True)  # [BM, BD]
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    # Key blocks partly admitted (band edges, ragged ends), then the interior, then the far edge.
+    acc, l_i, m_i = _fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        b_q,
+        offs_m,
+        lo,
+        hi,
+        qseg,
+        row_hash,
+        k_base,
+        v_base,
+        bias_base,
+        mask_base,
+        kseg_base,
+        sm_scale,
+        softcap,
+        S,
+        n_start,
+        n_full_lo,
+        KH,
+        D,
+        DV,
+        BLOCK_D,
+        BLOCK_DV,
+        BLOCK_M,
+        BLOCK_N,
+        True,
+        HAS_BIAS,
+        HAS_MASK,
+        HAS_SEG,
+        HAS_SOFTCAP,
+        DROP_THRESH,
+    )
+    acc, l_i, m_i = _fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        b_q,
+        offs_m,
+        lo,
+        hi,
+        qseg,
+        row_hash,
+        k_base,
+        v_base,
+        bias_base,
+        mask_base,
+        kseg_base,
+        sm_scale,
+        softcap,
+        S,
+        n_full_lo,
+        n_full_hi,
+        KH,
+        D,
+        DV,
+        BLOCK_D,
+        BLOCK_DV,
+        BLOCK_M,
+        BLOCK_N,
+        False,
+        HAS_BIAS,
+        HAS_MASK,
+        HAS_SEG,
+        HAS_SOFTCAP,
+        DROP_THRESH,
+    )
+    acc, l_i, m_i = _fwd_inner(
+        acc,
+        l_i,
+        m_i,
+        b_q,
+        offs_m,
+        lo,
+        hi,
+        qseg,
+        row_hash,
+        k_base,
+        v_base,
+        bias_base,
+        mask_base,
+        kseg_base,
+        sm_scale,
+        softcap,
+        S,
+        n_full_hi,
+        n_end,
+        KH,
+        D,
+        DV,
+        BLOCK_D,
+        BLOCK_DV,
+        BLOCK_M,
+        BLOCK_N,
+        True,
+        HAS_BIAS,
+        HAS_MASK,
+        HAS_SEG,
+        HAS_SOFTCAP,
+        DROP_THRESH,
+    )
+
+    # Normalize; a row that admitted no key has l_i == 0: output 0, lse -inf (never NaN).
+    empty = l_i == 0.0
+    l_safe = tl.where(empty, 1.0, l_i)
+    acc = acc * (drop_scale / l_safe)[:, None]
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * _LN2)  # natural log
+    o_base = O + i_b64 * T * (H * DV) + i_h * DV
+    _store_tile(o_base, acc, offs_m, H * DV, T, DV, BLOCK_DV)
+    tl.store(LSE + (i_b64 * H + i_h) * T + offs_m, lse, mask=row_ok)
+
+
+# ------------------------------------------------------------------------------------------------
+# Backward (FlashAttention-2): delta = rowsum(dO * O); dK, dV per key block; dQ per query block.
+#
+# With P = softmax(S), Z the dropout keep mask and r = 1/(1-p):  O = (P * Z * r) V, so
+#   dV = (P * Z * r)^T dO,   dP = (dO V^T) * Z * r,   dS = P * (dP - delta),
+#   delta_i = sum_j P_ij dP_ij = sum_d dO_id O_id   (dropout included),
+# then the soft cap multiplies dS by 1 - tanh^2, dBias = dS, dQ = scale dS K, dK = scale dS^T Q.
+# P is recomputed from the saved lse: P = exp2(s2 - lse * log2(e)).
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def _attn_bwd_delta(O, DO, T, Delta, H: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr):
+    """delta[b, h, i] = sum_d dO[b, i, h, d] * O[b, i, h, d] in float32. Grid ``(cdiv(T, BM), H, B)``."""
+    pid_m = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b64 = tl.program_id(2).to(tl.int64)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    base = i_b64 * T * (H * DV) + i_h * DV
+    b_o = _load_tile(O + base, offs_m, H * DV, T, DV, BLOCK_DV, True).to(tl.float32)  # [BM, BDV]
+    b_do = _load_tile(DO + base, offs_m, H * DV, T, DV, BLOCK_DV, True).to(tl.float32)
+    tl.store(Delta + (i_b64 * H + i_h) * T + offs_m, tl.sum(b_o * b_do, 1), mask=offs_m < T)
+
+
+@triton.jit
+def _load_lse2(LSE, rows, T):
+    """Saved lse in log2 units; -inf (row admits nothing) becomes +inf so that P = exp2(s2 - lse2)
+    is 0 there instead of NaN."""
+    lse = tl.load(LSE + rows, mask=rows < T, other=0.0)
+    return tl.where(lse == float("-inf"), float("inf"), lse * _LOG2E)
+
+
+@triton.jit
+def _dkdv_inner(
+    b_dk,
+    b_dv,
+    b_k,
+    b_v,
+    offs_n,
+    kseg,
+    q_base,
+    do_base,
+    LSE_bh,
+    Delta_bh,
+    RowLo,
+    RowHi,
+    bias_base,
+    mask_base,
+    qseg_base,
+    row_hash_seed,
+    sm_scale,
+    softcap,
+    drop_scale,
+    T,
+    S,
+    m_start,
+    m_stop,
+    H: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    DROP_THRESH: tl.constexpr,
+):
+    """Accumulate dK, dV of one key block over the query blocks ``[m_start, m_stop)`` of one head.
+
+    Tiles are kept transposed (keys along dim 0, ``[BN, BM]``) so that the key block stays the
+    row dimension of every dot: dV += P^T dO and dK += dS^T Q need no register transposes."""
+    jj = offs_n[:, None]  # [BN, 1]
+    for start_m in range(m_start, m_stop, BLOCK_M):
+        offs_m = start_m + tl.arange(0, BLOCK_M)
+        ii = offs_m[None, :]  # [1, BM]
+        b_q = _load_tile(q_base, offs_m, H * D, T, D, BLOCK_D, MASKED)  # [BM, BD]
+        b_do = _load_tile(do_base, offs_m, H * DV, T, DV, BLOCK_DV, MASKED)  # [BM, BDV]
+        lse2 = _load_lse2(LSE_bh, offs_m, T)  # [BM]
+        b_delta = tl.load(Delta_bh + offs_m, mask=offs_m < T, other=0.0)  # [BM]
+        b_qkT = _mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32))  # [BN, BM]
+        if MASKED:
+            lo = tl.load(RowLo + offs_m, mask=offs_m < T, other=S)
+            hi = tl.load(RowHi + offs_m, mask=offs_m < T, other=0)
+            if HAS_SEG:
+                qseg = tl.load(qseg_base + offs_m, mask=offs_m < T, other=-1)
+            else:
+                qseg = offs_m
+            ok = _allowed(
+                ii, jj, lo[None, :], hi[None, :], mask_base, qseg[None, :], kseg[:, None], S, HAS_MASK, HAS_SEG
+            )  # [BN, BM]
+            b_sT, b_tT = _scores(b_qkT, ii, jj, ok, bias_base, sm_scale, softcap, S, True, HAS_BIAS, HAS_SOFTCAP)
+            b_pT = tl.where(ok, tl.exp2(b_sT - lse2[None, :]), 0.0)  # [BN, BM]
+        else:
+            b_sT, b_tT = _scores(b_qkT, ii, jj, 0, bias_base, sm_scale, softcap, S, False, HAS_BIAS, HAS_SOFTCAP)
+            b_pT = tl.exp2(b_sT - lse2[None, :])
+        b_dpT = _mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32))  # [BN, BM] = (dO V^T)^T
+        if DROP_THRESH > 0:
+            keep = _dropout_keep(_mix32(row_hash_seed ^ offs_m.to(tl.uint32))[None, :], jj, DROP_THRESH)
+            b_pdT = tl.where(keep, b_pT * drop_scale, 0.0)
+            b_dpT = tl.where(keep, b_dpT * drop_scale, 0.0)
+        else:
+            b_pdT = b_pT
+        b_dv = _mma(b_pdT.to(b_do.dtype), b_do, b_dv)  # [BN, BDV]
+        b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [BN, BM]
+        if HAS_SOFTCAP:
+            b_dsT = b_dsT * (1.0 - b_tT * b_tT)
+        b_dk = _mma(b_dsT.to(b_q.dtype), b_q, b_dk)  # [BN, BD]
+    return b_dk, b_dv
+
+
+@triton.jit
+def _attn_bwd_dkdv(
+    Q,
+    K,
+    V,
+    Bias,
+    Mask,
+    QSeg,
+    KSeg,
+    RowLo,
+    RowHi,
+    ColLo,
+    ColHi,
+    Seed,
+    DO,
+    LSE,
+    Delta,
+    sm_scale,
+    softcap,
+    drop_scale,
+    T,
+    S,
+    bias_sb,
+    bias_sh,
+    mask_sb,
+    mask_sh,
+    DKey,
+    DVal,
+    H: tl.constexpr,
+    KH: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    DROP_THRESH: tl.constexpr,
+):
+    """One program: BLOCK_N keys of one (batch, kv head); loops over the H // KH query heads that
+    share it (GQA) and over their query blocks, so dK/dV are summed in registers and written
+    once (deterministic, no atomics). Grid ``(cdiv(S, BN), KH, B)``."""
+    GROUP = H // KH
+    pid_n = tl.program_id(0)
+    i_kh = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_b64 = i_b.to(tl.int64)
+
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    col_ok = offs_n < S
+    # Query interval of every key: which query blocks to visit, and which need no mask.
+    qlo = tl.load(ColLo + offs_n, mask=col_ok, other=T)
+    qhi = tl.load(ColHi + offs_n, mask=col_ok, other=0)
+    m_start, m_full_lo, m_full_hi, m_end = _block_range(qlo, qhi, BLOCK_M, HAS_MASK or HAS_SEG)
+
+    k_base = K + i_b64 * S * (KH * D) + i_kh * D
+    v_base = V + i_b64 * S * (KH * DV) + i_kh * DV
+    b_k = _load_tile(k_base, offs_n, KH * D, S, D, BLOCK_D, True)  # [BN, BD]
+    b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, True)  # [BN, BDV]
+    if HAS_SEG:
+        kseg = tl.load(KSeg + i_b64 * S + offs_n, mask=col_ok, other=-2)
+    else:
+        kseg = offs_n
+    b_dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
+    b_dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
+
+    for g in range(GROUP):
+        i_h = i_kh * GROUP + g
+        q_base = Q + i_b64 * T * (H * D) + i_h * D
+        do_base = DO + i_b64 * T * (H * DV) + i_h * DV
+        LSE_bh = LSE + (i_b64 * H + i_h) * T
+        Delta_bh = Delta + (i_b64 * H + i_h) * T
+        bias_base = Bias + i_b64 * bias_sb + i_h.to(tl.int64) * bias_sh
+        mask_base = Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh
+        if DROP_THRESH > 0:
+            # _row_hash(seed, bh, i) = mix32(mix32(seed ^ bh) ^ i): hoist the (b, h) half.
+            row_hash_seed = _mix32(tl.load(Seed) ^ (i_b * H + i_h).to(tl.uint32))
+        else:
+            row_hash_seed = 0
+        b_dk, b_dv = _dkdv_inner(
+            b_dk,
+            b_dv,
+            b_k,
+            b_v,
+            offs_n,
+            kseg,
+            q_base,
+            do_base,
+            LSE_bh,
+            Delta_bh,
+            RowLo,
+            RowHi,
+            bias_base,
+            mask_base,
+            QSeg + i_b64 * T,
+            row_hash_seed,
+            sm_scale,
+            softcap,
+            drop_scale,
+            T,
+            S,
+            m_start,
+            m_full_lo,
+            H,
+            D,
+            DV,
+            BLOCK_D,
+            BLOCK_DV,
+            BLOCK_M,
+            BLOCK_N,
+            True,
+            HAS_BIAS,
+            HAS_MASK,
+            HAS_SEG,
+            HAS_SOFTCAP,
+            DROP_THRESH,
+        )
+        b_dk, b_dv = _dkdv_inner(
+            b_dk,
+            b_dv,
+            b_k,
+            b_v,
+            offs_n,
+            kseg,
+            q_base,
+            do_base,
+            LSE_bh,
+            Delta_bh,
+            RowLo,
+            RowHi,
+            bias_base,
+            mask_base,
+            QSeg + i_b64 * T,
+            row_hash_seed,
+            sm_scale,
+            softcap,
+            drop_scale,
+            T,
+            S,
+            m_full_lo,
+            m_full_hi,
+            H,
+            D,
+            DV,
+            BLOCK_D,
+            BLOCK_DV,
+            BLOCK_M,
+            BLOCK_N,
+            False,
+            HAS_BIAS,
+            HAS_MASK,
+            HAS_SEG,
+            HAS_SOFTCAP,
+            DROP_THRESH,
+        )
+        b_dk, b_dv = _dkdv_inner(
+            b_dk,
+            b_dv,
+            b_k,
+            b_v,
+            offs_n,
+            kseg,
+            q_base,
+            do_base,
+            LSE_bh,
+            Delta_bh,
+            RowLo,
+            RowHi,
+            bias_base,
+            mask_base,
+            QSeg + i_b64 * T,
+            row_hash_seed,
+            sm_scale,
+            softcap,
+            drop_scale,
+            T,
+            S,
+            m_full_hi,
+            m_end,
+            H,
+            D,
+            DV,
+            BLOCK_D,
+            BLOCK_DV,
+            BLOCK_M,
+            BLOCK_N,
+            True,
+            HAS_BIAS,
+            HAS_MASK,
+            HAS_SEG,
+            HAS_SOFTCAP,
+            DROP_THRESH,
+        )
+
+    _store_tile(DKey + i_b64 * S * (KH * D) + i_kh * D, b_dk * sm_scale, offs_n, KH * D, S, D, BLOCK_D)
+    _store_tile(DVal + i_b64 * S * (KH * DV) + i_kh * DV, b_dv, offs_n, KH * DV, S, DV, BLOCK_DV)
+
+
+@triton.jit
+def _dq_inner(
+    b_dq,
+    b_q,
+    b_do,
+    lse2,
+    b_delta,
+    offs_m,
+    lo,
+    hi,
+    qseg,
+    row_hash,
+    k_base,
+    v_base,
+    bias_base,
+    mask_base,
+    kseg_base,
+    sm_scale,
+    softcap,
+    drop_scale,
+    S,
+    n_start,
+    n_stop,
+    KH: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    DROP_THRESH: tl.constexpr,
+):
+    """Accumulate dQ of one query block over the key blocks ``[n_start, n_stop)``."""
+    ii = offs_m[:, None]  # [BM, 1]
+    for start_n in range(n_start, n_stop, BLOCK_N):
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        jj = offs_n[None, :]  # [1, BN]
+        b_k = _load_tile(k_base, offs_n, KH * D, S, D, BLOCK_D, MASKED)  # [BN, BD]
+        b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, MASKED)  # [BN, BDV]
+        b_qk = _mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
+        if MASKED:
+            if HAS_SEG:
+                b_kseg = tl.load(kseg_base + offs_n, mask=offs_n < S, other=-2)
+            else:
+                b_kseg = offs_n
+            ok = _allowed(
+                ii, jj, lo[:, None], hi[:, None], mask_base, qseg[:, None], b_kseg[None, :], S, HAS_MASK, HAS_SEG
+            )
+            b_s, b_t = _scores(b_qk, ii, jj, ok, bias_base, sm_scale, softcap, S, True, HAS_BIAS, HAS_SOFTCAP)
+            b_p = tl.where(ok, tl.exp2(b_s - lse2[:, None]), 0.0)  # [BM, BN]
+        else:
+            b_s, b_t = _scores(b_qk, ii, jj, 0, bias_base, sm_scale, softcap, S, False, HAS_BIAS, HAS_SOFTCAP)
+            b_p = tl.exp2(b_s - lse2[:, None])
+        b_dp = _mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
+        if DROP_THRESH > 0:
+            keep = _dropout_keep(row_hash[:, None], jj, DROP_THRESH)
+            b_dp = tl.where(keep, b_dp * drop_scale, 0.0)
+        b_ds = b_p * (b_dp - b_delta[:, None])
+        if HAS_SOFTCAP:
+            b_ds = b_ds * (1.0 - b_t * b_t)
+        b_dq = _mma(b_ds.to(b_k.dtype), b_k, b_dq)  # [BM, BD]
+    return b_dq
+
+
+@triton.jit
+def _attn_bwd_dq(
+    Q,
+    K,
+    V,
+    Bias,
+    Mask,
+    QSeg,
+    KSeg,
+    RowLo,
+    RowHi,
+    Seed,
+    DO,
+    LSE,
+    Delta,
+    sm_scale,
+    softcap,
+    drop_scale,
+    T,
+    S,
+    bias_sb,
+    bias_sh,
+    mask_sb,
+    mask_sh,
+    DQ,
+    H: tl.constexpr,
+    KH: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    DROP_THRESH: tl.constexpr,
+):
+    """One program: dQ of BLOCK_M query rows of one (batch, head), over the same key blocks as the
+    forward (a separate kernel rather than atomics: deterministic). Grid ``(cdiv(T, BM), H, B)``."""
+    pid_m = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_kh = i_h // (H // KH)
+    i_b64 = i_b.to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = offs_m < T
+    lo = tl.load(RowLo + offs_m, mask=row_ok, other=S)
+    hi = tl.load(RowHi + offs_m, mask=row_ok, other=0)
+    n_start, n_full_lo, n_full_hi, n_end = _block_range(lo, hi, BLOCK_N, HAS_MASK or HAS_SEG)
+
+    q_base = Q + i_b64 * T * (H * D) + i_h * D
+    k_base = K + i_b64 * S * (KH * D) + i_kh * D
+    v_base = V + i_b64 * S * (KH * DV) + i_kh * DV
+    bias_base = Bias + i_b64 * bias_sb + i_h.to(tl.int64) * bias_sh
+    mask_base = Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh
+    kseg_base = KSeg + i_b64 * S
+    if HAS_SEG:
+        qseg = tl.load(QSeg + i_b64 * T + offs_m, mask=row_ok, other=-1)
+    else:
+        qseg = offs_m
+    if DROP_THRESH > 0:
+        row_hash = _row_hash(tl.load(Seed), i_b * H + i_h, offs_m)
+    else:
+        row_hash = offs_m
+
+    b_q = _load_tile(q_base, offs_m, H * D, T, D, BLOCK_D, True)  # [BM, BD]
+    b_do = _load_tile(DO + i_b64 * T * (H * DV) + i_h * DV, offs_m, H * DV, T, DV, BLOCK_DV, True)  # [BM, BDV]
+    lse2 = _load_lse2(LSE + (i_b64 * H + i_h) * T, offs_m, T)
+    b_delta = tl.load(Delta + (i_b64 * H + i_h) * T + offs_m, mask=row_ok, other=0.0)
+    b_dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+    b_dq = _dq_inner(
+        b_dq,
+        b_q,
+        b_do,
+        lse2,
+        b_delta,
+        offs_m,
+        lo,
+        hi,
+        qseg,
+        row_hash,
+        k_base,
+        v_base,
+        bias_base,
+        mask_base,
+        kseg_base,
+        sm_scale,
+        softcap,
+        drop_scale,
+        S,
+        n_start,
+        n_full_lo,
+        KH,
+        D,
+        DV,
+        BLOCK_D,
+        BLOCK_DV,
+        BLOCK_M,
+        BLOCK_N,
+        True,
+        HAS_BIAS,
+        HAS_MASK,
+        HAS_SEG,
+        HAS_SOFTCAP,
+        DROP_THRESH,
+    )
+    b_dq = _dq_inner(
+        b_dq,
+        b_q,
+        b_do,
+        lse2,
+        b_delta,
+        offs_m,
+        lo,
+        hi,
+        qseg,
+        row_hash,
+        k_base,
+        v_base,
+        bias_base,
+        mask_base,
+        kseg_base,
+        sm_scale,
+        softcap,
+        drop_scale,
+        S,
+        n_full_lo,
+        n_full_hi,
+        KH,
+        D,
+        DV,
+        BLOCK_D,
+        BLOCK_DV,
+        BLOCK_M,
+        BLOCK_N,
+        False,
+        HAS_BIAS,
+        HAS_MASK,
+        HAS_SEG,
+        HAS_SOFTCAP,
+        DROP_THRESH,
+    )
+    b_dq = _dq_inner(
+        b_dq,
+        b_q,
+        b_do,
+        lse2,
+        b_delta,
+        offs_m,
+        lo,
+        hi,
+        qseg,
+        row_hash,
+        k_base,
+        v_base,
+        bias_base,
+        mask_base,
+        kseg_base,
+        sm_scale,
+        softcap,
+        drop_scale,
+        S,
+        n_full_hi,
+        n_end,
+        KH,
+        D,
+        DV,
+        BLOCK_D,
+        BLOCK_DV,
+        BLOCK_M,
+        BLOCK_N,
+        True,
+        HAS_BIAS,
+        HAS_MASK,
+        HAS_SEG,
+        HAS_SOFTCAP,
+        DROP_THRESH,
+    )
+    _store_tile(DQ + i_b64 * T * (H * D) + i_h * D, b_dq * sm_scale, offs_m, H * D, T, D, BLOCK_D)
+
+
+@triton.jit
+def _attn_bwd_dbias(
+    Q,
+    K,
+    V,
+    Bias,
+    Mask,
+    QSeg,
+    KSeg,
+    RowLo,
+    RowHi,
+    Seed,
+    DO,
+    LSE,
+    Delta,
+    sm_scale,
+    softcap,
+    drop_scale,
+    B,
+    T,
+    S,
+    bias_sb,
+    bias_sh,
+    mask_sb,
+    mask_sh,
+    DBias,
+    H: tl.constexpr,
+    KH: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    NBH: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BIAS_BCAST_B: tl.constexpr,
+    BIAS_BCAST_H: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    DROP_THRESH: tl.constexpr,
+):
+    """dBias = dS, summed over the dimensions the bias broadcasts over, written once per element
+    (the output has the bias's own shape ``[NB, NH, T, S]``: no ``[B, H, T, S]`` intermediate, no
+    atomics). A separate kernel so that XLA drops it when the bias needs no gradient.
+    Grid ``(cdiv(T, BM) * cdiv(S, BN), NBH, NB)``; recomputes P and dP per (batch, head) summed."""
+    n_blocks_n = (S + BLOCK_N - 1) // BLOCK_N
+    pid_m = tl.program_id(0) // n_blocks_n
+    pid_n = tl.program_id(0) % n_blocks_n
+    h_first = tl.program_id(1)
+    b_first = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    ii = offs_m[:, None]
+    jj = offs_n[None, :]
+    row_ok = offs_m < T
+    lo = tl.load(RowLo + offs_m, mask=row_ok, other=S)
+    hi = tl.load(RowHi + offs_m, mask=row_ok, other=0)
+    # Does any row of the block admit any key of the block? Otherwise dBias is 0 here.
+    live = (tl.max(hi, axis=0) > pid_n * BLOCK_N) & (tl.min(lo, axis=0) < pid_n * BLOCK_N + BLOCK_N)
+
+    if BIAS_BCAST_B:
+        b_count = B
+    else:
+        b_count = 1
+    if BIAS_BCAST_H:
+        h_count = H
+    else:
+        h_count = 1
+    b_count = tl.where(live, b_count, 0)
+    bias_base = Bias + b_first.to(tl.int64) * bias_sb + h_first.to(tl.int64) * bias_sh
+    b_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # [BM, BN]
+    for bb in range(b_count):
+        i_b = b_first + bb
+        i_b64 = i_b.to(tl.int64)
+        if HAS_SEG:
+            qseg = tl.load(QSeg + i_b64 * T + offs_m, mask=row_ok, other=-1)
+            kseg = tl.load(KSeg + i_b64 * S + offs_n, mask=offs_n < S, other=-2)
+        else:
+            qseg = offs_m
+            kseg = offs_n
+        for hh in range(h_count):
+            i_h = h_first + hh
+            i_kh = i_h // (H // KH)
+            mask_base = Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh
+            ok = _allowed(
+                ii, jj, lo[:, None], hi[:, None], mask_base, qseg[:, None], kseg[None, :], S, HAS_MASK, HAS_SEG
+            )
+            b_q = _load_tile(Q + i_b64 * T * (H * D) + i_h * D, offs_m, H * D, T, D, BLOCK_D, True)
+            b_do = _load_tile(DO + i_b64 * T * (H * DV) + i_h * DV, offs_m, H * DV, T, DV, BLOCK_DV, True)
+            b_k = _load_tile(K + i_b64 * S * (KH * D) + i_kh * D, offs_n, KH * D, S, D, BLOCK_D, True)
+            b_v = _load_tile(V + i_b64 * S * (KH * DV) + i_kh * DV, offs_n, KH * DV, S, DV, BLOCK_DV, True)
+            lse2 = _load_lse2(LSE + (i_b64 * H + i_h) * T, offs_m, T)
+            b_delta = tl.load(Delta + (i_b64 * H + i_h) * T + offs_m, mask=row_ok, other=0.0)
+            b_qk = _mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+            b_s, b_t = _scores(b_qk, ii, jj, ok, bias_base, sm_scale, softcap, S, True, True, HAS_SOFTCAP)
+            b_p = tl.where(ok, tl.exp2(b_s - lse2[:, None]), 0.0)
+            b_dp = _mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+            if DROP_THRESH > 0:
+                keep = _dropout_keep(_row_hash(tl.load(Seed), i_b * H + i_h, offs_m)[:, None], jj, DROP_THRESH)
+                b_dp = tl.where(keep, b_dp * drop_scale, 0.0)
+            b_ds = b_p * (b_dp - b_delta[:, None])
+            if HAS_SOFTCAP:
+                b_ds = b_ds * (1.0 - b_t * b_t)
+            b_acc += b_ds
+    p_db = DBias + (b_first.to(tl.int64) * NBH + h_first) * T * S + ii.to(tl.int64) * S + jj
+    tl.store(p_db, b_acc.to(DBias.dtype.element_ty), mask=(ii < T) & (jj < S))

@@ -1,0 +1,662 @@
+"""JAX-level flash attention on the Triton kernels of ``_kernels.py``, with a ``jax.custom_vjp``.
+
+The forward saves ``(q, k, v, bias, o, lse)``; the backward runs three kernels (delta, dK/dV, dQ)
+and, when there is a bias, a fourth for dBias. Memory beyond inputs and outputs is O(T) (lse,
+delta, the per-row/per-key intervals) plus dBias, which has the bias's own shape.
+
+Float32 inputs use full-precision float32 dots (``input_precision="ieee"``, not tf32); bfloat16 and
+float16 inputs use tensor-core dots with float32 accumulation; softmax statistics are always float32.
+
+Importing this module does not import Triton: the kernels (and the interpreter switch of
+``ejkernel_triton.launch``) load on the first call, so ``supports``/``heuristic_cfg``/
+``candidate_cfgs`` work where Triton is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import itertools
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ejkernel.kernels.signatures.flash_attention import normalize_window, validate
+from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
+
+__all__ = ["candidate_cfgs", "flash_attention", "heuristic_cfg", "supports"]
+
+_MAX_HEAD_DIM = 256
+_SMEM_BYTES = 227 * 1024  # opt-in shared memory per block on H100/H200
+_INTERPRET_BLOCK = 32  # default block in Triton's interpreter (CPU tests): small and quick
+
+
+def _kernels() -> Any:
+    from ejkernel_triton.flash_attention import _kernels as k
+
+    return k
+
+
+def _launch_module() -> Any:
+    from ejkernel_triton import launch
+
+    return launch
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _pow2(n: int, floor: int = 16) -> int:
+    return max(floor, 1 << max(0, int(n) - 1).bit_length())
+
+
+# ------------------------------------------------------------------------------------------------
+# Launch configurations.
+# ------------------------------------------------------------------------------------------------
+
+
+def _arguments(invocation: Any) -> Mapping[str, Any]:
+    args = getattr(invocation, "arguments", invocation)
+    if not isinstance(args, Mapping):
+        raise TypeError(f"expected an invocation with an .arguments mapping, got {type(invocation).__name__}")
+    return args
+
+
+def _problem(invocation: Any) -> tuple[int, int, int, int, int]:
+    """(T, S, D, Dv, bytes per element) of a call."""
+    args = _arguments(invocation)
+    q, k, v = args["query"], args["key"], args["value"]
+    return int(q.shape[1]), int(k.shape[1]), int(q.shape[-1]), int(v.shape[-1]), int(np.dtype(q.dtype).itemsize)
+
+
+def _smem_fwd(bm: int, bn: int, stages: int, bd: int, bdv: int, e: int) -> int:
+    # the query tile, `stages` buffered K and V tiles, and P staged for the second dot
+    return e * (bm * bd + stages * bn * (bd + bdv) + bm * bn)
+
+
+def _smem_bwd(bm: int, bn: int, stages: int, bd: int, bdv: int, e: int) -> int:
+    # dK/dV kernel: resident K, V; buffered Q, dO (+ the transposed P/dS tile);
+    # dQ kernel: resident Q, dO; buffered K, V. The larger of the two.
+    dkdv = e * (bn * (bd + bdv) + stages * bm * (bd + bdv) + bm * bn)
+    dq = e * (bm * (bd + bdv) + stages * bn * (bd + bdv) + bm * bn)
+    return max(dkdv, dq)
+
+
+def _regs_ok(stage: str, bm: int, bn: int, warps: int, bd: int, bdv: int) -> bool:
+    # float32 accumulators and score tiles per thread; past ~200 the kernel spills
+    threads = 32 * warps
+    if stage == "fwd":
+        live = bm * bdv + bm * bn
+    else:
+        live = max(bn * (bd + bdv) + 2 * bm * bn, bm * bd + 2 * bm * bn)
+    return live / threads <= 200
+
+
+def _fits(stage: str, bm: int, bn: int, warps: int, stages: int, bd: int, bdv: int, e: int) -> bool:
+    smem = (_smem_fwd if stage == "fwd" else _smem_bwd)(bm, bn, stages, bd, bdv, e)
+    return smem <= _SMEM_BYTES and _regs_ok(stage, bm, bn, warps, bd, bdv)
+
+
+def _heuristic_tuple(
+    stage: str, d: int, dv: int, e: int, t: int = 1 << 20, s: int = 1 << 20
+) -> tuple[int, int, int, int]:
+    """Hopper (H100/H200) starting points, after the Triton fused-attention tutorial and FA2;
+    blocks no longer than the (power-of-two rounded) sequences they tile."""
+    bd = max(_pow2(d), _pow2(dv))
+    if stage == "fwd":
+        if bd <= 64:
+            cfg = (128, 64, 4, 3)
+        elif bd <= 128:
+            cfg = (128, 64, 8, 3)
+        else:
+            cfg = (64, 64, 4, 2)
+    else:
+        if bd <= 64:
+            cfg = (64, 64, 4, 3)
+        elif bd <= 128:
+            cfg = (64, 64, 8, 2)
+        else:
+            cfg = (64, 32, 8, 2)
+    bm, bn, warps, stages = cfg
+    bm, bn = min(bm, _pow2(t)), min(bn, _pow2(s))
+    bdq, bdvq = _pow2(d), _pow2(dv)
+    # float32 inputs (or odd head dims) may not fit: fewer stages, then smaller blocks.
+    while not _fits(stage, bm, bn, warps, stages, bdq, bdvq, e):
+        if stages > 1:
+            stages -= 1
+        elif bn > 16 and bn >= bm:
+            bn //= 2
+        elif bm > 16:
+            bm //= 2
+        else:
+            break
+    return bm, bn, warps, stages
+
+
+def heuristic_cfg(invocation: Any, stage: str = "fwd") -> FwdParams | BwdParams:
+    """The default launch parameters for ``stage`` ("fwd" or "bwd") of this call."""
+    t, s, d, dv, e = _problem(invocation)
+    bm, bn, warps, stages = _heuristic_tuple(stage, d, dv, e, t, s)
+    cls = FwdParams if stage == "fwd" else BwdParams
+    return cls(q_blocksize=bm, kv_blocksize=bn, num_warps=warps, num_stages=stages)
+
+
+def candidate_cfgs(invocation: Any, stage: str = "fwd") -> list[FwdParams | BwdParams]:
+    """Launch parameters worth timing for ``stage``: block sizes x warps x stages, without those
+    whose shared memory (<= 227 KB) or float32 register tiles would not fit; the heuristic first."""
+    t, s, d, dv, e = _problem(invocation)
+    bd, bdv = _pow2(d), _pow2(dv)
+    cls = FwdParams if stage == "fwd" else BwdParams
+    if stage == "fwd":
+        grid = itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))
+    else:
+        grid = itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (2, 3))
+    # no block much longer than the sequence it tiles
+    max_bm, max_bn = _pow2(t), _pow2(s)
+    out = [_heuristic_tuple(stage, d, dv, e, t, s)]
+    for bm, bn, warps, stages in grid:
+        if bm > max_bm or bn > max_bn or not _fits(stage, bm, bn, warps, stages, bd, bdv, e):
+            continue
+        if (bm, bn, warps, stages) not in out:
+            out.append((bm, bn, warps, stages))
+    return [cls(q_blocksize=bm, kv_blocksize=bn, num_warps=w, num_stages=st) for bm, bn, w, st in out]
+
+
+def supports(invocation: Any) -> str | None:
+    """None when the Triton kernels can run this call, else why not."""
+    args = _arguments(invocation)
+    q, k, v = args["query"], args["key"], args["value"]
+    for name, x in (("query", q), ("key", k), ("value", v)):
+        dt = np.dtype(x.dtype)
+        if dt.name not in ("float32", "bfloat16", "float16"):
+            return (
+                f"ejkernel-triton flash_attention: {name} dtype {dt.name} is not supported (float32, bfloat16, float16)"
+            )
+    d, dv = int(q.shape[-1]), int(v.shape[-1])
+    if d > _MAX_HEAD_DIM or dv > _MAX_HEAD_DIM:
+        return f"ejkernel-triton flash_attention: head dims up to {_MAX_HEAD_DIM} are supported, got D={d}, Dv={dv}"
+    if d < 1 or dv < 1:
+        return f"ejkernel-triton flash_attention: empty head dim (D={d}, Dv={dv})"
+    bias = args.get("bias")
+    if bias is not None and np.dtype(bias.dtype).name not in ("float32", "bfloat16", "float16"):
+        return f"ejkernel-triton flash_attention: bias dtype {np.dtype(bias.dtype).name} is not supported"
+    if importlib.util.find_spec("triton") is None:  # find, don't import: see ejkernel_triton.launch
+        return "ejkernel-triton flash_attention: triton is not installed"
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Cfg:
+    """Everything static about one call: the custom_vjp's non-differentiable argument."""
+
+    scale: float
+    softcap: float | None
+    dropout_prob: float
+    fwd: tuple[int, int, int, int]  # (BM, BN, warps, stages)
+    bwd: tuple[int, int, int, int]
+
+    @property
+    def drop_thresh(self) -> int:
+        # the integer threshold of dropout_keep: keep iff hash >= p * 2**32 (0: no dropout)
+        return min(int(self.dropout_prob * 2**32), 2**32 - 1) if self.dropout_prob > 0 else 0
+
+    @property
+    def drop_scale(self) -> float:
+        return 1.0 / (1.0 - self.dropout_prob) if self.dropout_prob > 0 else 1.0
+
+
+def _resolve(
+    params: FwdParams | BwdParams | None, default: tuple[int, int, int, int], what: str
+) -> tuple[int, int, int, int]:
+    fields = ("q_blocksize", "kv_blocksize", "num_warps", "num_stages")
+    got = tuple(
+        default[i] if params is None or getattr(params, f) is None else int(getattr(params, f))
+        for i, f in enumerate(fields)
+    )
+    for f, x in zip(fields[:2], got[:2], strict=True):
+        if x < 16 or x & (x - 1):
+            raise ValueError(f"ejkernel-triton flash_attention: {what}.{f} must be a power of two >= 16, got {x}")
+    if got[2] < 1 or got[2] & (got[2] - 1):
+        raise ValueError(f"ejkernel-triton flash_attention: {what}.num_warps must be a power of two, got {got[2]}")
+    if got[3] < 1:
+        raise ValueError(f"ejkernel-triton flash_attention: {what}.num_stages must be >= 1, got {got[3]}")
+    return got  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------------------------------------
+# Masks as intervals.
+# ------------------------------------------------------------------------------------------------
+
+
+def _intervals(
+    t: int, s: int, causal: bool, window: tuple[int, int] | None, cu_q: Any, cu_k: Any
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Causal / sliding-window / varlen constraints as intervals (see ``_kernels``' docstring).
+
+    Query ``i`` admits keys ``[row_lo[i], row_hi[i])``; key ``j`` is admitted by queries
+    ``[col_lo[j], col_hi[j])``. Within a sequence (the whole array without varlen) whose rows and
+    keys start at ``q0``/``k0`` and end at ``q1``/``k1``, alignment is bottom-right:
+    ``d = k1 - q1``, causal ``j <= i + d``, window ``i + d - left <= j <= i + d + right``.
+    The varlen arithmetic mirrors ``ejkernel.testing.reference.attention_allowed`` exactly,
+    including rows before ``cu_seqlens[0]`` (they pair with the keys before it, aligned like
+    sequence 0) and rows past ``cu_seqlens[N]`` (they admit nothing).
+    """
+    i = jnp.arange(t, dtype=jnp.int32)
+    j = jnp.arange(s, dtype=jnp.int32)
+    k0: Any
+    k1: Any
+    d_row: Any
+    row_valid: Any
+    q0: Any
+    q1: Any
+    d_col: Any
+    col_valid: Any
+    if cu_q is None:
+        k0, k1, d_row, row_valid = 0, s, s - t, True
+        q0, q1, d_col, col_valid = 0, t, s - t, True
+    else:
+        cu_q = jnp.asarray(cu_q, jnp.int32)
+        cu_k = jnp.asarray(cu_k, jnp.int32)
+        n = cu_q.shape[0] - 1
+        seq = jnp.searchsorted(cu_q, i, side="right").astype(jnp.int32) - 1
+        c = jnp.clip(seq, 0, n - 1)
+        k0 = jnp.where(seq < 0, 0, cu_k[c])
+        k1 = jnp.where(seq < 0, cu_k[0], cu_k[c + 1])
+        d_row = cu_k[c + 1] - cu_q[c + 1]
+        row_valid = seq < n
+        seq = jnp.searchsorted(cu_k, j, side="right").astype(jnp.int32) - 1
+        c = jnp.clip(seq, 0, n - 1)
+        q0 = jnp.where(seq < 0, 0, cu_q[c])
+        q1 = jnp.where(seq < 0, cu_q[0], cu_q[c + 1])
+        d_col = cu_k[c + 1] - cu_q[c + 1]
+        col_valid = seq < n
+    row_lo = jnp.broadcast_to(jnp.asarray(k0, jnp.int32), (t,))
+    row_hi = jnp.broadcast_to(jnp.asarray(k1, jnp.int32), (t,))
+    col_lo = jnp.broadcast_to(jnp.asarray(q0, jnp.int32), (s,))
+    col_hi = jnp.broadcast_to(jnp.asarray(q1, jnp.int32), (s,))
+    if causal:
+        row_hi = jnp.minimum(row_hi, i + d_row + 1)
+        col_lo = jnp.maximum(col_lo, j - d_col)
+    if window is not None:
+        left, right = (min(w, t + s + 1) for w in window)  # keep the int32 arithmetic in range
+        row_lo = jnp.maximum(row_lo, i + d_row - left)
+        row_hi = jnp.minimum(row_hi, i + d_row + right + 1)
+        col_lo = jnp.maximum(col_lo, j - d_col - right)
+        col_hi = jnp.minimum(col_hi, j - d_col + left + 1)
+    row_empty = (row_lo >= row_hi) | ~jnp.asarray(row_valid)
+    col_empty = (col_lo >= col_hi) | ~jnp.asarray(col_valid)
+    row_lo = jnp.where(row_empty, s, jnp.clip(row_lo, 0, s)).astype(jnp.int32)
+    row_hi = jnp.where(row_empty, 0, jnp.clip(row_hi, 0, s)).astype(jnp.int32)
+    col_lo = jnp.where(col_empty, t, jnp.clip(col_lo, 0, t)).astype(jnp.int32)
+    col_hi = jnp.where(col_empty, 0, jnp.clip(col_hi, 0, t)).astype(jnp.int32)
+    return row_lo, row_hi, col_lo, col_hi
+
+
+# ------------------------------------------------------------------------------------------------
+# Launches.
+# ------------------------------------------------------------------------------------------------
+
+_DUMMY_F = np.zeros((16,), np.float32)  # stands in for absent optional arrays (never read)
+_DUMMY_I8 = np.zeros((16,), np.int8)
+_DUMMY_I32 = np.zeros((16,), np.int32)
+_DUMMY_U32 = np.zeros((16,), np.uint32)
+
+
+def _bcast_strides(x: Any, t: int, s: int) -> tuple[int, int]:
+    """Element strides of a ``[NB|1, NH|1, T, S]`` array along batch and head (0 where broadcast)."""
+    nb, nh = x.shape[0], x.shape[1]
+    return (0 if nb == 1 else nh * t * s), (0 if nh == 1 else t * s)
+
+
+def _common(
+    cfg: _Cfg, q: Any, k: Any, v: Any, bias: Any, aux: dict[str, Any]
+) -> tuple[list[Any], list[Any], dict[str, Any]]:
+    """Shared array arguments, scalar arguments and constexprs of the four attention kernels."""
+    b, t, h, d = q.shape
+    s, kh, dv = k.shape[1], k.shape[2], v.shape[-1]
+    bias_arr = bias if bias is not None else _DUMMY_F
+    mask = aux["mask"]
+    bias_sb, bias_sh = _bcast_strides(bias, t, s) if bias is not None else (0, 0)
+    mask_sb, mask_sh = _bcast_strides(mask, t, s) if mask is not None else (0, 0)
+    arrays = [
+        bias_arr,
+        mask if mask is not None else _DUMMY_I8,
+        aux["q_seg"] if aux["q_seg"] is not None else _DUMMY_I32,
+        aux["kv_seg"] if aux["kv_seg"] is not None else _DUMMY_I32,
+        aux["row_lo"],
+        aux["row_hi"],
+    ]
+    scalars = [
+        float(cfg.scale),
+        float(cfg.softcap) if cfg.softcap is not None else 1.0,
+        float(cfg.drop_scale),
+        int(t),
+        int(s),
+        int(bias_sb),
+        int(bias_sh),
+        int(mask_sb),
+        int(mask_sh),
+    ]
+    constexprs = dict(
+        H=h,
+        KH=kh,
+        D=d,
+        DV=dv,
+        BLOCK_D=_pow2(d),
+        BLOCK_DV=_pow2(dv),
+        HAS_MASK=mask is not None,
+        HAS_SEG=aux["q_seg"] is not None,
+        HAS_SOFTCAP=cfg.softcap is not None,
+        DROP_THRESH=cfg.drop_thresh,
+    )
+    return arrays, scalars, constexprs
+
+
+def _forward(cfg: _Cfg, q: Any, k: Any, v: Any, bias: Any, aux: dict[str, Any]) -> tuple[jax.Array, jax.Array]:
+    kern, launch = _kernels(), _launch_module()
+    b, t, h, d = q.shape
+    dv = v.shape[-1]
+    arrays, scalars, cx = _common(cfg, q, k, v, bias, aux)
+    bias_a, mask_a, qseg_a, kseg_a, lo_a, hi_a = arrays
+    bm, bn, warps, stages = cfg.fwd
+    o, lse = launch.launch(
+        kern._attn_fwd,
+        q,
+        k,
+        v,
+        bias_a,
+        mask_a,
+        qseg_a,
+        kseg_a,
+        lo_a,
+        hi_a,
+        aux["seed"],
+        *scalars,
+        out_shape=(jax.ShapeDtypeStruct((b, t, h, dv), q.dtype), jax.ShapeDtypeStruct((b, h, t), jnp.float32)),
+        grid=(_cdiv(t, bm), h, b),
+        num_warps=warps,
+        num_stages=stages,
+        name="ejkernel_flash_attention_fwd",
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        HAS_BIAS=bias is not None,
+        **cx,
+    )
+    return o, lse
+
+
+def _backward(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array) -> tuple[Any, Any, Any, Any]:
+    kern, launch = _kernels(), _launch_module()
+    q, k, v, bias, aux, o, lse = res
+    b, t, h, d = q.shape
+    s, kh, dv = k.shape[1], k.shape[2], v.shape[-1]
+    do = do.astype(q.dtype)
+    arrays, scalars, cx = _common(cfg, q, k, v, bias, aux)
+    bias_a, mask_a, qseg_a, kseg_a, lo_a, hi_a = arrays
+    bm, bn, warps, stages = cfg.bwd
+
+    (delta,) = launch.launch(
+        kern._attn_bwd_delta,
+        o,
+        do,
+        int(t),
+        out_shape=(jax.ShapeDtypeStruct((b, h, t), jnp.float32),),
+        grid=(_cdiv(t, bm), h, b),
+        num_warps=4,
+        num_stages=1,
+        name="ejkernel_flash_attention_bwd_delta",
+        H=h,
+        DV=dv,
+        BLOCK_DV=cx["BLOCK_DV"],
+        BLOCK_M=bm,
+    )
+    dk, dv_ = launch.launch(
+        kern._attn_bwd_dkdv,
+        q,
+        k,
+        v,
+        bias_a,
+        mask_a,
+        qseg_a,
+        kseg_a,
+        lo_a,
+        hi_a,
+        aux["col_lo"],
+        aux["col_hi"],
+        aux["seed"],
+        do,
+        lse,
+        delta,
+        *scalars,
+        out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
+        grid=(_cdiv(s, bn), kh, b),
+        num_warps=warps,
+        num_stages=stages,
+        name="ejkernel_flash_attention_bwd_dkdv",
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        HAS_BIAS=bias is not None,
+        **cx,
+    )
+    (dq,) = launch.launch(
+        kern._attn_bwd_dq,
+        q,
+        k,
+        v,
+        bias_a,
+        mask_a,
+        qseg_a,
+        kseg_a,
+        lo_a,
+        hi_a,
+        aux["seed"],
+        do,
+        lse,
+        delta,
+        *scalars,
+        out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
+        grid=(_cdiv(t, bm), h, b),
+        num_warps=warps,
+        num_stages=stages,
+        name="ejkernel_flash_attention_bwd_dq",
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        HAS_BIAS=bias is not None,
+        **cx,
+    )
+    dbias = None
+    if bias is not None:
+        nb, nh = bias.shape[0], bias.shape[1]
+        sc = list(scalars)
+        sc.insert(3, int(b))  # the dBias kernel also takes B (it sums over a broadcast batch)
+        (dbias,) = launch.launch(
+            kern._attn_bwd_dbias,
+            q,
+            k,
+            v,
+            bias_a,
+            mask_a,
+            qseg_a,
+            kseg_a,
+            lo_a,
+            hi_a,
+            aux["seed"],
+            do,
+            lse,
+            delta,
+            *sc,
+            out_shape=(jax.ShapeDtypeStruct(bias.shape, bias.dtype),),
+            grid=(_cdiv(t, bm) * _cdiv(s, bn), nh, nb),
+            num_warps=warps,
+            num_stages=1,
+            name="ejkernel_flash_attention_bwd_dbias",
+            BLOCK_M=bm,
+            BLOCK_N=bn,
+            NBH=nh,
+            BIAS_BCAST_B=(nb == 1 and b > 1),
+            BIAS_BCAST_H=(nh == 1 and h > 1),
+            **cx,
+        )
+    return dq, dk, dv_, dbias
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _attention(cfg: _Cfg, q: Any, k: Any, v: Any, bias: Any, aux: dict[str, Any]) -> jax.Array:
+    return _forward(cfg, q, k, v, bias, aux)[0]
+
+
+def _attention_fwd(
+    cfg: _Cfg, q: Any, k: Any, v: Any, bias: Any, aux: dict[str, Any]
+) -> tuple[jax.Array, tuple[Any, ...]]:
+    o, lse = _forward(cfg, q, k, v, bias, aux)
+    return o, (q, k, v, bias, aux, o, lse)
+
+
+def _attention_bwd(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array) -> tuple[Any, ...]:
+    dq, dk, dv, dbias = _backward(cfg, res, do)
+    return dq, dk, dv, dbias, None  # the aux arrays (masks, ids, intervals, seed) get no gradient
+
+
+_attention.defvjp(_attention_fwd, _attention_bwd)
+
+
+def _prepare(
+    query: Any,
+    key: Any,
+    value: Any,
+    bias: Any,
+    *,
+    attention_mask: Any,
+    q_segment_ids: Any,
+    kv_segment_ids: Any,
+    softmax_scale: float | None,
+    causal: bool,
+    sliding_window: Any,
+    logits_soft_cap: float | None,
+    dropout_prob: float,
+    dropout_seed: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    fwd_params: Any,
+    bwd_params: Any,
+) -> tuple[_Cfg, dict[str, Any]]:
+    b, t, h, d = query.shape
+    s = key.shape[1]
+    dv = value.shape[-1]
+    e = np.dtype(query.dtype).itemsize
+    if _launch_module().INTERPRET:
+        small = (_INTERPRET_BLOCK, _INTERPRET_BLOCK, 4, 1)
+        fwd_default = bwd_default = small
+    else:
+        fwd_default = _heuristic_tuple("fwd", d, dv, e, t, s)
+        bwd_default = _heuristic_tuple("bwd", d, dv, e, t, s)
+    cfg = _Cfg(
+        scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
+        softcap=None if logits_soft_cap is None else float(logits_soft_cap),
+        dropout_prob=float(dropout_prob),
+        fwd=_resolve(fwd_params, fwd_default, "fwd_params"),
+        bwd=_resolve(bwd_params, bwd_default, "bwd_params"),
+    )
+    row_lo, row_hi, col_lo, col_hi = _intervals(
+        t, s, causal, normalize_window(sliding_window), cu_seqlens_q, cu_seqlens_k
+    )
+    if dropout_prob > 0:
+        if isinstance(dropout_seed, int | np.integer):
+            seed = jnp.asarray(np.asarray([int(dropout_seed) % 2**32], np.uint32))
+        else:
+            seed = jnp.reshape(jnp.asarray(dropout_seed).astype(jnp.uint32), (1,))
+    else:
+        seed = jnp.asarray(_DUMMY_U32)
+    aux = dict(
+        mask=None if attention_mask is None else jnp.asarray(attention_mask).astype(jnp.int8),
+        q_seg=None if q_segment_ids is None else jnp.asarray(q_segment_ids).astype(jnp.int32),
+        kv_seg=None if kv_segment_ids is None else jnp.asarray(kv_segment_ids).astype(jnp.int32),
+        row_lo=row_lo,
+        row_hi=row_hi,
+        col_lo=col_lo,
+        col_hi=col_hi,
+        seed=seed,
+    )
+    return cfg, aux
+
+
+def _forward_with_lse(query: Any, key: Any, value: Any, bias: Any = None, **kwargs: Any) -> tuple[jax.Array, jax.Array]:
+    """Forward only, also returning the log-sum-exp ``[B, H, T]`` (float32, ``-inf`` on empty rows).
+    Same keywords as :func:`flash_attention`; for tests and callers that need the statistics."""
+    validate(query, key, value, bias, **kwargs)
+    cfg, aux = _prepare(query, key, value, bias, **_with_defaults(kwargs))
+    return _forward(cfg, query, key, value, bias, aux)
+
+
+_DEFAULTS: dict[str, Any] = dict(
+    attention_mask=None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    softmax_scale=None,
+    causal=False,
+    sliding_window=None,
+    logits_soft_cap=None,
+    dropout_prob=0.0,
+    dropout_seed=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    fwd_params=None,
+    bwd_params=None,
+)
+
+
+def _with_defaults(kwargs: dict[str, Any]) -> dict[str, Any]:
+    unknown = set(kwargs) - set(_DEFAULTS)
+    if unknown:
+        raise TypeError(f"flash_attention: unexpected keyword(s) {sorted(unknown)}")
+    return {**_DEFAULTS, **kwargs}
+
+
+def flash_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    bias: jax.Array | None = None,
+    *,
+    attention_mask: jax.Array | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    dropout_prob: float = 0.0,
+    dropout_seed: int | jax.Array | None = None,
+    cu_seqlens_q: jax.Array | None = None,
+    cu_seqlens_k: jax.Array | None = None,
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+) -> jax.Array:
+    """Flash attention on Triton kernels; the semantics are those of
+    ``ejkernel.kernels.signatures.flash_attention`` (read its module docstring).
+
+    Differentiable in ``query``, ``key``, ``value`` and ``bias`` (``jax.custom_vjp``).
+    ``fwd_params``/``bwd_params`` set the launches (``None`` fields: :func:`heuristic_cfg`'s values
+    on GPU, 32x32 blocks in Triton's interpreter).
+    """
+    kwargs: dict[str, Any] = dict(
+        attention_mask=attention_mask,
+        q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids,
+        softmax_scale=softmax_scale,
+        causal=causal,
+        sliding_window=sliding_window,
+        logits_soft_cap=logits_soft_cap,
+        dropout_prob=dropout_prob,
+        dropout_seed=dropout_seed,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+    )
+    validate(query, key, value, bias, **kwargs)
+    cfg, aux = _prepare(query, key, value, bias, fwd_params=fwd_params, bwd_params=bwd_params, **kwargs)
+    return _attention(cfg, query, key, value, bias, aux)

@@ -1,0 +1,76 @@
+"""ejkernel plugin of ejkernel-triton (entry point ``[project.entry-points.ejkernel] triton``).
+
+Registers the Triton flash attention for GPUs. With ``EJKERNEL_TRITON_INTERPRET=1`` it also
+registers it for the CPU, where the same kernels run in Triton's interpreter: that is for tests
+only (slow), and the variable must be set before anything imports ``triton`` (see
+``ejkernel_triton.launch``).
+
+The references are lazy strings, so loading this plugin imports neither Triton nor jax-triton.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from ejkernel.plugins import BackendInfo, hookimpl
+
+from ejkernel_triton import __version__
+
+_MODULE = "ejkernel_triton.flash_attention"
+
+
+def _register_flash_attention(registry, backend: str, priority: int) -> None:  # noqa: ANN001
+    registry.register(
+        "flash_attention",
+        "triton",
+        backend,
+        priority=priority,
+        impl=f"{_MODULE}:flash_attention",
+        supports=f"{_MODULE}:supports",
+        heuristic_cfg=f"{_MODULE}:heuristic_cfg",
+        candidate_cfgs=f"{_MODULE}:candidate_cfgs",
+        version=__version__,
+    )
+
+
+@hookimpl
+def ejkernel_register_kernels(registry) -> None:  # noqa: ANN001
+    _register_flash_attention(registry, "gpu", 100)
+    if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":  # tests on CPU run the interpreter
+        _register_flash_attention(registry, "cpu", 1)
+
+
+def _missing_dependency() -> str | None:
+    for module, dist in (("triton", "triton"), ("jax_triton", "jax-triton")):
+        if importlib.util.find_spec(module) is None:
+            return f"{dist} is not installed"
+    return None
+
+
+def _cuda_gpu() -> bool:
+    import jax
+
+    try:
+        return len(jax.devices("cuda")) > 0
+    except RuntimeError:  # no CUDA backend in this jaxlib, or no device
+        return False
+
+
+@hookimpl
+def ejkernel_backend_info() -> BackendInfo:
+    reason = _missing_dependency()
+    if reason is None and not _cuda_gpu():
+        reason = "no CUDA GPU; the Triton interpreter (EJKERNEL_TRITON_INTERPRET=1) is for tests only"
+    if reason is None:
+        try:  # jax-triton imports only with a CUDA jaxlib; its error says what is missing
+            import jax_triton  # noqa: F401
+        except ImportError as e:
+            reason = f"jax_triton cannot be imported: {e}"
+    return BackendInfo(
+        name="ejkernel-triton",
+        version=__version__,
+        platforms=("triton",),
+        available=reason is None,
+        reason=reason,
+    )

@@ -1,0 +1,144 @@
+"""Every way to install, test, lint and demo ejkernel; ``nox -l`` lists the sessions.
+
+- ``tests``: the core and every plugin installed together (editable): the whole test suite on 8
+  simulated CPU devices with Triton kernels in Triton's interpreter, after the doctests of the core's
+  modules and of README.md. This is the "everything" configuration.
+- ``core``, ``xla``, ``triton``, ``pallas``, ``cuda``: one install configuration each, the core alone
+  or the core with exactly that plugin, installed as a user installs them (not editable). Each
+  checks that exactly the expected plugins load (``tests/install``, told by
+  ``EJKERNEL_EXPECT_PLUGINS``), that the core's own tests pass without the other plugins
+  (``tests/core``) and, where the plugin has kernels, the conformance suites (``tests/conformance``).
+- ``lint``: ``ruff format --check``, ``ruff check`` and ``mypy`` (configured in pyproject.toml).
+- ``demo``: the core and the XLA plugin; runs demo/transformer_block.py, then ``ejkernel info``.
+
+Arguments after ``--`` replace the default pytest arguments, e.g. ``nox -s xla -- tests/core -x``.
+Virtual environments are reused between runs (``nox -R`` skips the installs; ``--reuse-venv=no``,
+or deleting ``.nox/``, starts afresh); uv makes them when it is installed (``pip install nox[uv]``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+from nox.command import CommandFailed
+
+nox.needs_version = ">=2024.10.9"
+nox.options.default_venv_backend = "uv|virtualenv"
+nox.options.reuse_venv = "yes"
+nox.options.sessions = ["lint", "tests"]
+
+ROOT = Path(__file__).parent
+PYTHON = "3.11"
+PLUGINS = ("xla", "triton", "pallas", "cuda")
+# Plugins that register kernels, so that the conformance suites have something of theirs to check, and
+# the pytest options that select them: Triton's kernels are registered for GPUs, and on a CPU the
+# suites run them in Triton's interpreter (EJKERNEL_TRITON_INTERPRET=1 below).
+CONFORMANCE = {"xla": (), "triton": ("--ejkernel-backend=gpu",)}
+# The CPU test set-up of DESIGN §10: 8 simulated devices for sharding, Triton kernels interpreted.
+TEST_ENV = {
+    "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
+    "EJKERNEL_TRITON_INTERPRET": "1",
+}
+LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1")
+
+
+def _install(session: nox.Session, *distributions: str, editable: bool) -> None:
+    """Install ``ejkernel-<name>`` from this checkout for each name (the core with its testing extra)."""
+    args: list[str] = []
+    for name in distributions:
+        path = "./ejkernel-core[testing]" if name == "core" else f"./ejkernel-{name}"
+        args += ["-e", path] if editable else [path]
+    if not editable and session.venv_backend == "uv":
+        # uv keeps a reused environment's copy of a local project until its pyproject.toml changes;
+        # rebuild ours so that the installed code is the checkout's. (pip always reinstalls local paths.)
+        for name in distributions:
+            args += ["--reinstall-package", f"ejkernel-{name}"]
+    session.install(*args)
+
+
+def _pytest(session: nox.Session, *default_args: str, expect: tuple[str, ...] | None) -> None:
+    """Run pytest (``session.posargs`` replace ``default_args``) with the CPU test environment.
+
+    ``expect``: the entry-point names ``tests/install`` must find loaded (``None``: not checked).
+    """
+    args = list(session.posargs) or list(default_args)
+    missing = [a for a in args if a.startswith("tests") and not (ROOT / a.split("::")[0]).exists()]
+    if missing:
+        session.error(f"test suites missing from the checkout: {', '.join(missing)}")
+    env = {
+        **TEST_ENV,
+        "EJKERNEL_CACHE_DIR": str(Path(session.create_tmp()) / "ejkernel-cache"),
+        # One compilation cache for all sessions: the conformance suites compile the same programs in
+        # ``tests`` and in each plugin's session, and again on every local run.
+        "JAX_COMPILATION_CACHE_DIR": str(session.cache_dir / "jax"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
+    if expect is not None:
+        env["EJKERNEL_EXPECT_PLUGINS"] = ",".join(expect)
+    session.run("pytest", *args, env=env)
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """The core and every plugin, editable: the doctests of the core and README.md, then the whole test suite."""
+    _install(session, "core", *PLUGINS, editable=True)
+    if not session.posargs:  # the doctests first: they take seconds, the suite minutes
+        _pytest(
+            session,
+            "--doctest-modules",
+            "--doctest-glob=README.md",
+            "ejkernel-core/src/ejkernel",
+            "README.md",
+            expect=None,
+        )
+    _pytest(session, "tests", expect=PLUGINS)
+
+
+@nox.session(python=PYTHON)
+def core(session: nox.Session) -> None:
+    """The core alone, as a user installs it: no plugin loads, and a call says what to install."""
+    _install(session, "core", editable=False)
+    _pytest(session, "tests/core", "tests/install", expect=())
+
+
+def _plugin_session(plugin: str) -> None:
+    def session_fn(session: nox.Session) -> None:
+        _install(session, "core", plugin, editable=False)
+        suites = ["tests/core", "tests/install"]
+        if plugin in CONFORMANCE:
+            suites += ["tests/conformance", *CONFORMANCE[plugin]]
+        _pytest(session, *suites, expect=(plugin,))
+
+    session_fn.__name__ = plugin
+    session_fn.__doc__ = f"The core with ejkernel-{plugin} alone, as a user installs them: only that plugin loads" + (
+        ", and its kernels pass the conformance suites." if plugin in CONFORMANCE else "."
+    )
+    nox.session(name=plugin, python=PYTHON)(session_fn)
+
+
+for _plugin in PLUGINS:
+    _plugin_session(_plugin)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff format --check, ruff check and mypy over the whole checkout."""
+    session.install(*LINT_TOOLS)
+    _install(session, "core", *PLUGINS, editable=True)  # mypy follows imports into jax, triton, ...
+    failed = []
+    for command in (("ruff", "format", "--check", "."), ("ruff", "check", "."), ("mypy",)):
+        try:
+            session.run(*command)
+        except CommandFailed:
+            failed.append(" ".join(command))  # run the other checks too, so one run shows every problem
+    if failed:
+        session.error(f"failed: {'; '.join(failed)}")
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    """The core and the XLA plugin: a transformer block's forward and backward on CPU, then ``ejkernel info``."""
+    _install(session, "core", "xla", editable=True)
+    session.run("python", "demo/transformer_block.py")
+    session.run("ejkernel", "info")
