@@ -82,6 +82,10 @@ def autotuned(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         del os.environ["EJKERNEL_AUTOTUNE_POLICY"]
 
 
+def reference_loss(q: jax.Array, k: jax.Array, v: jax.Array, ct: jax.Array, causal: bool) -> jax.Array:
+    return jnp.sum(reference(q, k, v, causal) * ct)
+
+
 def peers(causal: bool, d: int) -> dict[str, Callable[..., Any]]:
     from ejkernel.modules import flash_attention
 
@@ -97,14 +101,16 @@ def peers(causal: bool, d: int) -> dict[str, Callable[..., Any]]:
         from jax.experimental.pallas.ops.gpu import attention as pallas_attention
 
         out["pallas triton"] = lambda q, k, v: pallas_attention.mha(
-            q, k, v, segment_ids=None, sm_scale=d**-0.5, causal=causal)
+            q, k, v, segment_ids=None, sm_scale=d**-0.5, causal=causal
+        )
     except Exception as e:  # noqa: BLE001 - a peer that is missing is reported, not fatal
         print(f"pallas triton unavailable: {e}", file=sys.stderr)
     try:
         from jax.experimental.pallas.ops.gpu import attention_mgpu
 
-        cfg = attention_mgpu.TuningConfig(block_q=64, block_kv=64 if d > 64 else 128, max_concurrent_steps=2,
-                                          causal=causal)
+        cfg = attention_mgpu.TuningConfig(
+            block_q=64, block_kv=64 if d > 64 else 128, max_concurrent_steps=2, causal=causal
+        )
         # Mosaic GPU's kernel takes float16 only: it gets float16 inputs (see FP16_PEERS).
         out["pallas mosaic"] = lambda q, k, v: attention_mgpu.attention(q * jnp.float16(d**-0.5), k, v, cfg)
     except Exception as e:  # noqa: BLE001
@@ -115,13 +121,22 @@ def peers(causal: bool, d: int) -> dict[str, Callable[..., Any]]:
 FP16_PEERS = ("pallas mosaic",)
 
 
-def measure(name: str, fn: Callable[..., Any], shape: tuple[int, ...], causal: bool, bwd: bool,
-            ref: Any) -> dict[str, Any]:
+def measure(
+    name: str, fn: Callable[..., Any], shape: tuple[int, ...], causal: bool, bwd: bool, ref: Any
+) -> dict[str, Any]:
     b, h, t, d = shape
     dtype = jnp.float16 if name in FP16_PEERS else jnp.bfloat16
     q, k, v, ct = inputs(*shape, dtype=dtype)
-    row: dict[str, Any] = {"peer": name, "B": b, "H": h, "T": t, "D": d, "causal": causal,
-                           "pass": "fwd+bwd" if bwd else "fwd", "dtype": jnp.dtype(dtype).name}
+    row: dict[str, Any] = {
+        "peer": name,
+        "B": b,
+        "H": h,
+        "T": t,
+        "D": d,
+        "causal": causal,
+        "pass": "fwd+bwd" if bwd else "fwd",
+        "dtype": jnp.dtype(dtype).name,
+    }
     started = time.perf_counter()
     try:
         if bwd:
@@ -169,8 +184,7 @@ def main() -> None:
             b, h, t, d = shape
             q, k, v, ct = inputs(*shape)
             ref_out = jax.jit(reference, static_argnums=3)(q, k, v, causal)
-            ref_grads = jax.jit(jax.grad(lambda q, k, v: jnp.sum(reference(q, k, v, causal) * ct.astype(jnp.float32)),
-                                         argnums=(0, 1, 2)))(q, k, v)
+            ref_grads = jax.jit(jax.grad(reference_loss, argnums=(0, 1, 2)), static_argnums=4)(q, k, v, ct, causal)
             if args.as_old_ejkernel:
                 from ejkernel.modules import flash_attention as old
 
@@ -184,6 +198,8 @@ def main() -> None:
                     row = measure(name, fn, shape, causal, bwd, ref_grads if bwd else ref_out)
                     rows.append(row)
                     print(json.dumps(row), file=sys.stderr, flush=True)
+                    if not args.as_old_ejkernel:
+                        save(args.out, rows)  # a run cut short still leaves what it measured
             del ref_out, ref_grads
     if args.as_old_ejkernel:
         print(json.dumps(rows))
@@ -191,25 +207,43 @@ def main() -> None:
     if args.old_ejkernel_path:
         rows += old_ejkernel_rows(args.old_ejkernel_path, args.shapes)
 
-    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M:%S"), "device": jax.devices()[0].device_kind,
-            "jax": jax.__version__, "commit": os.environ.get("GIT_COMMIT", "unknown"), "command": " ".join(sys.argv)}
-    with open(args.out, "w") as f:
-        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+    save(args.out, rows)
     print_table(rows)
 
 
+def save(path: str, rows: list[dict[str, Any]]) -> None:
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "device": jax.devices()[0].device_kind,
+        "jax": jax.__version__,
+        "commit": os.environ.get("GIT_COMMIT", "unknown"),
+        "command": " ".join(sys.argv),
+    }
+    with open(path, "w") as f:
+        json.dump({"meta": meta, "rows": rows}, f, indent=1)
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
-    keys = sorted({(r.get("B"), r.get("H"), r.get("T"), r.get("D"), r.get("causal"), r.get("pass")) for r in rows if "T" in r},
-                  key=lambda x: (x[5], -x[2], -x[3], x[4]))
+    keys = sorted(
+        {(r.get("B"), r.get("H"), r.get("T"), r.get("D"), r.get("causal"), r.get("pass")) for r in rows if "T" in r},
+        key=lambda x: (x[5], -x[2], -x[3], x[4]),
+    )
     names = list(dict.fromkeys(r["peer"] for r in rows))
     print("| shape | causal | pass | " + " | ".join(names) + " |")
     print("|---|---|---|" + "---|" * len(names))
     for key in keys:
         cells = []
         for n in names:
-            r = next((r for r in rows if r["peer"] == n and (r.get("B"), r.get("H"), r.get("T"), r.get("D"),
-                                                             r.get("causal"), r.get("pass")) == key), None)
+            r = next(
+                (
+                    r
+                    for r in rows
+                    if r["peer"] == n
+                    and (r.get("B"), r.get("H"), r.get("T"), r.get("D"), r.get("causal"), r.get("pass")) == key
+                ),
+                None,
+            )
             cells.append("" if r is None else (f"{r['tflops']:.0f}" if "tflops" in r else "fail"))
         print(f"| B{key[0]} H{key[1]} T{key[2]} D{key[3]} | {key[4]} | {key[5]} | " + " | ".join(cells) + " |")
     for r in rows:
