@@ -21,13 +21,14 @@ def ejkernel_register_kernels(registry: Any) -> None:
         candidate_cfgs="ejkernel_xla.flash_attention:candidate_cfgs",
         version=__version__,
     )
-    # cuDNN through XLA, on NVIDIA GPUs: above the blockwise XLA kernel, below hand-written GPU kernels;
-    # with the autotune policy the fastest of them wins anyway.
+    # cuDNN through XLA, on NVIDIA GPUs. Its priority is above ejkernel-triton's (100) because it was
+    # measured faster on the H200 for every call it serves (BENCHMARKS.md); Triton serves what it declines
+    # (masks, soft cap, dropout, windows, varlen, D=256, float32). Under the autotune policy timing decides.
     registry.register(
         "flash_attention",
         "xla",
         "gpu",
-        priority=50,
+        priority=150,
         impl="ejkernel_xla.flash_attention.cudnn:flash_attention",
         supports="ejkernel_xla.flash_attention.cudnn:supports",
         heuristic_cfg="ejkernel_xla.flash_attention.cudnn:heuristic_cfg",
