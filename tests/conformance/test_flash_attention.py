@@ -1,4 +1,4 @@
 """The ``flash_attention`` conformance suite (it lives in ``ejkernel.testing.conformance`` so plugins can reuse it)."""
 
-from ejkernel.testing.conformance.flash_attention import *  # noqa: F403
-from ejkernel.testing.conformance.flash_attention import pytest_generate_tests  # noqa: F401
+from ejkernel.testing.conformance.test_flash_attention import *  # noqa: F403
+from ejkernel.testing.conformance.test_flash_attention import pytest_generate_tests  # noqa: F401
