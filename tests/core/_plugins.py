@@ -24,9 +24,24 @@ def _work(x: jax.Array, reps: int) -> jax.Array:
 
 
 def costly_attention(
-    query, key, value, bias=None, *, attention_mask=None, q_segment_ids=None, kv_segment_ids=None,
-    softmax_scale=None, causal=False, sliding_window=None, logits_soft_cap=None, dropout_prob=0.0,
-    dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None, fwd_params=None, bwd_params=None,
+    query,
+    key,
+    value,
+    bias=None,
+    *,
+    attention_mask=None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    softmax_scale=None,
+    causal=False,
+    sliding_window=None,
+    logits_soft_cap=None,
+    dropout_prob=0.0,
+    dropout_seed=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    fwd_params=None,
+    bwd_params=None,
 ):
     calls.append((fwd_params, bwd_params))
     fwd_reps = (fwd_params or FwdParams(num_stages=4)).num_stages
@@ -63,6 +78,14 @@ class CostlyPlugin:
 
     @hookimpl
     def ejkernel_register_kernels(self, registry):
-        registry.register("flash_attention", "costly", "any", priority=1000, impl=costly_attention,
-                          heuristic_cfg=heuristic, candidate_cfgs=candidates, supports=refuse_soft_cap,
-                          version="1.0")
+        registry.register(
+            "flash_attention",
+            "costly",
+            "any",
+            priority=1000,
+            impl=costly_attention,
+            heuristic_cfg=heuristic,
+            candidate_cfgs=candidates,
+            supports=refuse_soft_cap,
+            version="1.0",
+        )

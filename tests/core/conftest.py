@@ -3,6 +3,7 @@ from __future__ import annotations
 import pytest
 
 from ejkernel.plugins import register_plugin, unregister_plugin
+from ejkernel.testing.reference_plugin import ReferencePlugin
 
 from ._plugins import CostlyPlugin, calls
 
@@ -14,3 +15,11 @@ def costly_plugin():
     register_plugin(CostlyPlugin(), "costly-test")
     yield
     unregister_plugin("costly-test")
+
+
+@pytest.fixture(autouse=True)
+def reference_plugin():
+    """The references as the lowest-priority implementation, so core tests run with the core alone."""
+    register_plugin(ReferencePlugin(), "reference")
+    yield
+    unregister_plugin("reference")

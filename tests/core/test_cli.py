@@ -12,24 +12,45 @@ from ejkernel.ops import PersistentCache, fingerprint_id
 
 def ejkernel(*args: str, cache_dir) -> subprocess.CompletedProcess:
     env = {**os.environ, "EJKERNEL_CACHE_DIR": str(cache_dir)}
-    return subprocess.run([sys.executable, "-m", "ejkernel", *args], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "ejkernel", *args], env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def test_info_lists_versions_device_plugins_matrix_and_cache(isolated_cache):
-    PersistentCache(isolated_cache).put(fingerprint_id(), "flash_attention", "fwd|k", {"impl": "xla:any", "params": {}}, {})
+    PersistentCache(isolated_cache).put(
+        fingerprint_id(), "flash_attention", "fwd|k", {"impl": "xla:any", "params": {}}, {}
+    )
     run = ejkernel("info", cache_dir=isolated_cache)
     assert run.returncode == 0, run.stderr
     out = run.stdout
-    for needle in ("ejkernel-core 0.1.0", "jax ", "device: ", f"fingerprint: {fingerprint_id()}", "autotune policy: heuristics",
-                   "plugins", "ops x platforms", "flash_attention", f"config cache: {isolated_cache}", "1 file(s), 1 entry"):
+    for needle in (
+        "ejkernel-core 0.1.0",
+        "jax ",
+        "device: ",
+        f"fingerprint: {fingerprint_id()}",
+        "autotune policy: heuristics",
+        "plugins",
+        "ops x platforms",
+        f"config cache: {isolated_cache}",
+        "1 file(s), 1 entry",
+    ):
         assert needle in out, (needle, out)
 
 
 def test_cache_export_clear_import_roundtrip(isolated_cache, tmp_path):
     cache = PersistentCache(isolated_cache)
-    cache.put("gpu-abc", "flash_attention", "fwd|k1", {"impl": "triton:gpu", "params": {"q_blocksize": 128}}, {"device_kind": "H200"})
+    cache.put(
+        "gpu-abc",
+        "flash_attention",
+        "fwd|k1",
+        {"impl": "triton:gpu", "params": {"q_blocksize": 128}},
+        {"device_kind": "H200"},
+    )
     listed = ejkernel("cache", "list", cache_dir=isolated_cache)
-    assert "gpu-abc/flash_attention fwd: triton:gpu {'q_blocksize': 128}" in listed.stdout and "1 entry" in listed.stdout
+    assert (
+        "gpu-abc/flash_attention fwd: triton:gpu {'q_blocksize': 128}" in listed.stdout and "1 entry" in listed.stdout
+    )
     exported = tmp_path / "team.json"
     assert ejkernel("cache", "export", str(exported), cache_dir=isolated_cache).returncode == 0
     assert json.loads(exported.read_text())["files"][0]["entries"]["fwd|k1"]["impl"] == "triton:gpu"

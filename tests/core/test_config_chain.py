@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import jax
-import jax.numpy as jnp
 import pytest
 
 import ejkernel.ops as ops
@@ -37,7 +36,12 @@ def test_override_wins_under_every_policy_and_is_never_persisted(costly_plugin, 
     cfg = FlashAttentionConfig(platform="costly", fwd_params=FWD_CANDIDATES[2], bwd_params=BWD_CANDIDATES[0])
     jax.grad(lambda q: flash_attention(q, k, v, cfg=cfg).sum())(q)
     fwd, bwd = _selections("fwd")[-1], _selections("bwd")[-1]
-    assert (fwd.tier, fwd.params, bwd.tier, bwd.params) == ("override", FWD_CANDIDATES[2], "override", BWD_CANDIDATES[0])
+    assert (fwd.tier, fwd.params, bwd.tier, bwd.params) == (
+        "override",
+        FWD_CANDIDATES[2],
+        "override",
+        BWD_CANDIDATES[0],
+    )
     assert calls[-1] == (FWD_CANDIDATES[2], BWD_CANDIDATES[0])
     assert _cache_entries(isolated_cache) == {}
     assert ops.default_chain().memory == {}
@@ -117,8 +121,16 @@ def test_error_policy_names_op_shapes_device_and_tiers(costly_plugin, monkeypatc
     with pytest.raises(ConfigError) as e:
         flash_attention(q, k, v, platform="costly")
     msg = str(e.value)
-    for needle in ("flash_attention", "float32[1, 256, 8, 64]", ops.fingerprint_id(), "override", "overlay",
-                   "memory", "persistent", "EJKERNEL_AUTOTUNE_POLICY=error"):
+    for needle in (
+        "flash_attention",
+        "float32[1, 256, 8, 64]",
+        ops.fingerprint_id(),
+        "override",
+        "overlay",
+        "memory",
+        "persistent",
+        "EJKERNEL_AUTOTUNE_POLICY=error",
+    ):
         assert needle in msg, (needle, msg)
 
 

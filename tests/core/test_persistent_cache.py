@@ -19,8 +19,14 @@ FP = {"device_kind": "test"}
 
 
 def _python(code: str, env: dict[str, str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env={**os.environ, **env},
-                          capture_output=True, text=True, timeout=300, **kw)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kw,
+    )
 
 
 def test_put_then_get_roundtrip_across_instances(tmp_path):
@@ -39,15 +45,18 @@ def test_two_processes_writing_at_once_lose_no_entry(tmp_path):
         for i in range(60):
             cache.put("dev", "flash_attention", f"{sys.argv[2]}-{i}", {"impl": "xla:any", "params": {"i": i}}, {})
     """
-    procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(tmp_path), name])
-             for name in ("a", "b", "c")]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", textwrap.dedent(code), str(tmp_path), name]) for name in ("a", "b", "c")
+    ]
     assert [p.wait(timeout=300) for p in procs] == [0, 0, 0]
     entries = json.loads((tmp_path / "dev" / "flash_attention.json").read_text())["entries"]
     assert sorted(entries) == sorted(f"{n}-{i}" for n in "abc" for i in range(60))
     assert not list((tmp_path / "dev").glob("*.tmp")), "temporary files must not be left behind"
 
 
-@pytest.mark.parametrize("content", ['{"format": 1, "entries": {"k": {"impl"', "\x00garbage\xff", '{"format": 99}', "[]"])
+@pytest.mark.parametrize(
+    "content", ['{"format": 1, "entries": {"k": {"impl"', "\x00garbage\xff", '{"format": 99}', "[]"]
+)
 def test_corrupt_file_is_moved_aside_with_a_warning(tmp_path, content):
     path = tmp_path / "dev" / "op.json"
     path.parent.mkdir()
@@ -66,12 +75,18 @@ def test_corrupt_cache_never_breaks_import_or_calls(tmp_path):
     fp = _python("import ejkernel.ops as o; print(o.fingerprint_id())", env).stdout.strip()
     (tmp_path / fp).mkdir(parents=True)
     (tmp_path / fp / "flash_attention.json").write_text('{"format": 1, "entries": {"trunc')
-    run = _python("""
+    run = _python(
+        """
+        from ejkernel.plugins import register_plugin
+        from ejkernel.testing.reference_plugin import ReferencePlugin
+        register_plugin(ReferencePlugin(), "reference")  # so that the core alone can run the call
         import jax.numpy as jnp, ejkernel
         from ejkernel.modules import flash_attention
         q = jnp.ones((1, 8, 2, 16))
         print(flash_attention(q, q, q).shape)
-    """, env)
+    """,
+        env,
+    )
     assert run.returncode == 0, run.stderr
     assert "(1, 8, 2, 16)" in run.stdout
     assert "is corrupt" in run.stderr and "moved aside" in run.stderr
@@ -85,8 +100,13 @@ def _read_only_runner(cache: Path) -> list[str] | None:
     (root ignores permission bits), or plain ``chmod`` for an unprivileged user."""
     probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True) if shutil.which("unshare") else None
     if probe is not None and probe.returncode == 0:
-        return ["unshare", "-rm", "sh", "-c",
-                f'mount --bind "{cache}" "{cache}" && mount -o remount,bind,ro "{cache}" && exec "$0" "$@"']
+        return [
+            "unshare",
+            "-rm",
+            "sh",
+            "-c",
+            f'mount --bind "{cache}" "{cache}" && mount -o remount,bind,ro "{cache}" && exec "$0" "$@"',
+        ]
     if os.geteuid() != 0:
         os.chmod(cache, 0o555)
         return []
@@ -100,6 +120,9 @@ def test_read_only_cache_dir_runs_on_and_warns_once(tmp_path):
     if prefix is None:
         pytest.skip("running as root without user namespaces: no way to make a directory read-only here")
     code = """
+        from ejkernel.plugins import register_plugin
+        from ejkernel.testing.reference_plugin import ReferencePlugin
+        register_plugin(ReferencePlugin(), "reference")  # so that the core alone can run the call
         import warnings, jax.numpy as jnp
         from ejkernel.modules import flash_attention
         from ejkernel.ops import CacheWarning
@@ -112,8 +135,9 @@ def test_read_only_cache_dir_runs_on_and_warns_once(tmp_path):
         print(len(msgs)); print(msgs[0] if msgs else "")
     """
     env = {**os.environ, "EJKERNEL_CACHE_DIR": str(cache), "EJKERNEL_AUTOTUNE_POLICY": "autotune"}
-    run = subprocess.run([*prefix, sys.executable, "-c", textwrap.dedent(code)], env=env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [*prefix, sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True, timeout=300
+    )
     assert run.returncode == 0, run.stderr
     count, message = run.stdout.strip().splitlines()
     assert count == "1" and "cannot write the config cache" in message

@@ -8,8 +8,7 @@ import warnings
 import pytest
 
 from ejkernel.kernels import Backend, KernelRegistry, Platform, kernel_registry
-from ejkernel.plugins import PluginError, PluginWarning, plugin_records, register_plugin, unregister_plugin
-from ejkernel.plugins import manager
+from ejkernel.plugins import PluginError, PluginWarning, manager, plugin_records, register_plugin, unregister_plugin
 
 GOOD = """
     from ejkernel.plugins import BackendInfo, hookimpl
@@ -43,6 +42,8 @@ def site(tmp_path, monkeypatch):
     """Make fake distributions with ``ejkernel`` entry points; plugin state is reloaded around the test."""
     root = tmp_path / "site"
     root.mkdir()
+    for var in ("EJKERNEL_PLUGINS", "EJKERNEL_DISABLE_PLUGINS", "EJKERNEL_STRICT_PLUGINS"):
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.syspath_prepend(str(root))
 
     def add(ep_name, module, source, *, requires="ejkernel-core>=0.1,<0.2", impl=IMPL):
@@ -126,7 +127,9 @@ def test_in_test_plugin_object_registers_and_unregisters():
 
     register_plugin(Plugin(), "inproc-test")
     try:
-        assert [i.name for i in kernel_registry.implementations("flash_attention", platform="inproc", backend="cpu")] == ["inproc:cpu"]
+        assert [
+            i.name for i in kernel_registry.implementations("flash_attention", platform="inproc", backend="cpu")
+        ] == ["inproc:cpu"]
         with pytest.raises(ValueError, match="already registered"):
             register_plugin(Plugin(), "inproc-test")
     finally:
@@ -157,16 +160,30 @@ def test_lazy_reference_that_does_not_import_is_skipped_with_its_reason():
         unregister_plugin("ghost-test")
 
 
-def _attention(query, key, value, bias=None, *, attention_mask=None, q_segment_ids=None, kv_segment_ids=None,
-               softmax_scale=None, causal=False, sliding_window=None, logits_soft_cap=None, dropout_prob=0.0,
-               dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None, fwd_params=None, bwd_params=None):
-    return query
+CANONICAL = (
+    "query, key, value, bias=None, *, attention_mask=None, q_segment_ids=None, kv_segment_ids=None, "
+    "softmax_scale=None, causal=False, sliding_window=None, logits_soft_cap=None, dropout_prob=0.0, "
+    "dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None, fwd_params=None, bwd_params=None"
+)
+
+
+def _make(params: str):
+    namespace: dict = {}
+    exec(f"def _attention({params}):\n    return query", namespace)
+    return namespace["_attention"]
+
+
+_attention = _make(CANONICAL)
 
 
 def test_decorator_form_and_priorities_with_deterministic_ties():
     reg = KernelRegistry()
-    for platform, backend, prio in (("b", Backend.ANY, 5), ("a", Backend.ANY, 5), (Platform.TRITON, Backend.GPU, 100),
-                                    ("c", Backend.CPU, 5)):
+    for platform, backend, prio in (
+        ("b", Backend.ANY, 5),
+        ("a", Backend.ANY, 5),
+        (Platform.TRITON, Backend.GPU, 100),
+        ("c", Backend.CPU, 5),
+    ):
         reg.register("flash_attention", platform, backend, priority=prio, plugin=f"p-{platform}")(_attention)
     assert [i.name for i in reg.implementations("flash_attention", backend="cpu")] == ["a:any", "b:any", "c:cpu"]
     assert [i.name for i in reg.implementations("flash_attention", backend="gpu")][0] == "triton:gpu"
@@ -179,20 +196,24 @@ def test_decorator_form_and_priorities_with_deterministic_ties():
     ("edit", "message"),
     [
         (lambda s: s.replace("causal=False, ", ""), "lacks parameter 'causal'"),
-        (lambda s: s.replace("*, attention_mask=None", "attention_mask=None, *"), "'attention_mask' of 'flash_attention' must be keyword-only"),
-        (lambda s: s.replace("dropout_prob=0.0", "dropout_prob=0.1"), "'dropout_prob' of 'flash_attention' must default to 0.0"),
+        (
+            lambda s: s.replace("*, attention_mask=None", "attention_mask=None, *"),
+            "'attention_mask' of 'flash_attention' must be keyword-only",
+        ),
+        (
+            lambda s: s.replace("dropout_prob=0.0", "dropout_prob=0.1"),
+            "'dropout_prob' of 'flash_attention' must default to 0.0",
+        ),
         (lambda s: s.replace("bwd_params=None", "bwd_params=None, extra=1"), "unexpected parameter 'extra'"),
-        (lambda s: s.replace("(query, key, value", "(key, query, value"), "'query' of 'flash_attention' must be at position 0"),
+        (
+            lambda s: s.replace("query, key, value", "key, query, value"),
+            "'query' of 'flash_attention' must be at position 0",
+        ),
     ],
 )
 def test_wrong_signature_is_refused_naming_the_parameter(edit, message):
-    import inspect
-
-    src = edit(textwrap.dedent(inspect.getsource(_attention)))
-    namespace: dict = {}
-    exec(src, namespace)
     with pytest.raises(TypeError, match=message):
-        KernelRegistry().register("flash_attention", "bad", "any", impl=namespace["_attention"])
+        KernelRegistry().register("flash_attention", "bad", "any", impl=_make(edit(CANONICAL)))
 
 
 def test_missing_implementation_error_names_the_distribution():

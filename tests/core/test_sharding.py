@@ -18,8 +18,11 @@ pytestmark = pytest.mark.skipif(
 
 def _inputs(b=4, t=16, h=4, k=2, d=8):
     keys = jax.random.split(jax.random.key(np.random.randint(2**31)), 3)
-    return (jax.random.normal(keys[0], (b, t, h, d)), jax.random.normal(keys[1], (b, t, k, d)),
-            jax.random.normal(keys[2], (b, t, k, d)))
+    return (
+        jax.random.normal(keys[0], (b, t, h, d)),
+        jax.random.normal(keys[1], (b, t, k, d)),
+        jax.random.normal(keys[2], (b, t, k, d)),
+    )
 
 
 def test_three_specs_for_q_k_v_shard_batch_and_heads():
@@ -37,8 +40,16 @@ def test_specs_cover_array_keywords_too_and_grad_flows():
     spec, seg_spec = P("data"), P("data")
 
     def loss(q):
-        out = flash_attention(q, k, v, q_segment_ids=seg, kv_segment_ids=seg, mesh=mesh,
-                              in_specs=(spec, spec, spec, seg_spec, seg_spec), out_specs=spec)
+        out = flash_attention(
+            q,
+            k,
+            v,
+            q_segment_ids=seg,
+            kv_segment_ids=seg,
+            mesh=mesh,
+            in_specs=(spec, spec, spec, seg_spec, seg_spec),
+            out_specs=spec,
+        )
         return out.sum()
 
     def ref_loss(q):
@@ -50,8 +61,9 @@ def test_specs_cover_array_keywords_too_and_grad_flows():
 def test_dict_in_specs_name_arrays():
     mesh = jax.make_mesh((2,), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
     q, k, v = _inputs(b=2)
-    out = flash_attention(q, k, v, mesh=mesh, in_specs={"query": P("data"), "key": P("data"), "value": P("data")},
-                          out_specs=P("data"))
+    out = flash_attention(
+        q, k, v, mesh=mesh, in_specs={"query": P("data"), "key": P("data"), "value": P("data")}, out_specs=P("data")
+    )
     np.testing.assert_allclose(out, reference.flash_attention(q, k, v), atol=2e-5)
 
 
@@ -59,7 +71,10 @@ def test_dict_in_specs_name_arrays():
     ("kwargs", "message"),
     [
         ({"in_specs": (P(),) * 3, "out_specs": P()}, "only used with mesh="),
-        ({"mesh": "M", "in_specs": (P(),) * 2, "out_specs": P()}, r"one spec per array passed \(\['query', 'key', 'value'\]\), got 2"),
+        (
+            {"mesh": "M", "in_specs": (P(),) * 2, "out_specs": P()},
+            r"one spec per array passed \(\['query', 'key', 'value'\]\), got 2",
+        ),
         ({"mesh": "M", "out_specs": P()}, "pass in_specs"),
         ({"mesh": "M", "in_specs": {"bias": P()}, "out_specs": P()}, r"in_specs names \['bias'\]"),
     ],

@@ -50,7 +50,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         line = f"  {r.name:<10} {r.status:<9} {ver}"
         if r.status == "loaded":
             n = sum(i.plugin == r.name for i in impls)
-            line += f"   {n} implementation{'' if n == 1 else 's'}" if n else "   no kernels yet"
+            line += f"   {n} implementation{'' if n == 1 else 's'}"
         if r.status == "loaded" and r.info is not None:
             line += f"   platforms={','.join(r.info.platforms)}   runs here: {'yes' if r.info.available else 'no'}"
             if r.info.reason:

@@ -32,7 +32,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.custom_derivatives import SymbolicZero
 
 from ejkernel.kernels.signatures.flash_attention import dropout_keep
 
@@ -479,19 +478,17 @@ def _arrays(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _attention_fwd(o: Options, *primals: Any) -> tuple[jax.Array, Any]:
-    # symbolic_zeros: primals come wrapped, saying whether they are differentiated (bias: is dBias wanted?).
-    arrays = _arrays(tuple(None if x is None else x.value for x in primals))
-    want_dbias = primals[3] is not None and bool(primals[3].perturbed)
+    # No symbolic_zeros (which would tell whether the bias is differentiated): shard_map does not
+    # support it, and ejkernel runs ops under shard_map. A given bias always gets its dBias.
+    arrays = _arrays(primals)
     out, lse = forward(o, arrays)
-    return out, (arrays, out, lse, want_dbias)
+    return out, (arrays, out, lse)
 
 
 def _attention_bwd(o: Options, res: Any, g: Any) -> tuple[Any, ...]:
-    arrays, out, lse, want_dbias = res
-    if isinstance(g, SymbolicZero):
-        return (None,) * 10
-    dq, dk, dv, dbias = backward(o, arrays, out, lse, jnp.asarray(g), want_dbias)
+    arrays, out, lse = res
+    dq, dk, dv, dbias = backward(o, arrays, out, lse, jnp.asarray(g), arrays[3] is not None)
     return (dq, dk, dv, dbias, None, None, None, None, None, None)
 
 
-attention.defvjp(_attention_fwd, _attention_bwd, symbolic_zeros=True)
+attention.defvjp(_attention_fwd, _attention_bwd)
