@@ -201,20 +201,23 @@ def normalize_window(sliding_window: int | tuple[int, int] | None) -> tuple[int,
 def mix32(x: Any, xp: Any = np) -> Any:
     """A 32-bit integer hash (lowbias32): cheap in every kernel language, good enough for dropout masks."""
     x = x.astype(xp.uint32)
-    x = x ^ (x >> 16)
-    x = x * xp.uint32(0x7FEB352D)
-    x = x ^ (x >> 15)
-    x = x * xp.uint32(0x846CA68B)
-    return x ^ (x >> 16)
+    with np.errstate(over="ignore"):  # uint32 products wrap by design (numpy warns on scalars)
+        x = x ^ (x >> 16)
+        x = x * xp.uint32(0x7FEB352D)
+        x = x ^ (x >> 15)
+        x = x * xp.uint32(0x846CA68B)
+        return x ^ (x >> 16)
 
 
 def dropout_keep(seed: Any, b: Any, h: Any, i: Any, j: Any, num_heads: int, p: float, xp: Any = np) -> Any:
     """Whether score ``(b, h, i, j)`` survives dropout with probability ``p`` of dropping, for ``seed``.
 
     ``row = mix32(mix32(seed ^ (b * H + h)) ^ i)``, ``keep = mix32(row ^ j) >= p * 2**32``; all in uint32.
-    ``xp`` is ``numpy`` or ``jax.numpy``; arguments broadcast.
+    ``xp`` is ``numpy`` or ``jax.numpy``; arguments broadcast. An int seed counts modulo ``2**32``.
     """
     u32 = xp.uint32
+    if isinstance(seed, int | np.integer):
+        seed = np.uint32(int(seed) % 2**32)  # a Python int seed is taken modulo 2**32, like an array seed's bits
     bh = xp.asarray(b).astype(u32) * u32(num_heads) + xp.asarray(h).astype(u32)
     row = mix32(mix32(xp.asarray(seed).astype(u32) ^ bh, xp) ^ xp.asarray(i).astype(u32), xp)
     threshold = min(int(p * 2**32), 2**32 - 1)
