@@ -70,6 +70,8 @@ class Autotuner:
     ) -> tuple[int, list[Timing]]:
         args = make_args()
         log = _log_enabled()
+        # A progress bar on a terminal when there is enough to wait for (each candidate compiles).
+        progress = len(candidates) > 4 and sys.stderr.isatty()
         timings = []
         for n, (label, fn) in enumerate(candidates, 1):
             try:
@@ -81,6 +83,15 @@ class Autotuner:
             if log:
                 what = f"{seconds * 1e3:9.3f} ms" if seconds is not None else f"failed: {error}"
                 print(f"ejkernel autotune {title} [{n}/{len(candidates)}] {label}: {what}", file=sys.stderr)
+            elif progress:
+                done = n * 30 // len(candidates)
+                end = "\n" if n == len(candidates) else ""
+                print(
+                    f"\rejkernel autotune {title} [{'#' * done}{'.' * (30 - done)}] {n}/{len(candidates)}",
+                    end=end,
+                    file=sys.stderr,
+                    flush=True,
+                )
         ok = [(t.seconds, i) for i, t in enumerate(timings) if t.seconds is not None]
         if not ok:
             raise AutotuneError(
