@@ -70,17 +70,16 @@ class Kernel(Generic[Cfg]):
         keyword = {k: v for k, v in arguments.items() if k not in self.positional_names()}
         return impl.fn(*positional, **keyword, fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params)
 
-    def heuristic_cfg(self, inv: Invocation, impl: Implementation) -> Cfg:
-        """The config ``impl``'s own heuristics give for ``inv`` (both stages)."""
-        return self.config_type(  # type: ignore[return-value]
-            platform=impl.platform,
-            backend=impl.backend,
-            fwd_params=impl.heuristic_cfg(inv, "fwd"),
-            bwd_params=impl.heuristic_cfg(inv, "bwd"),
-        )
+    def heuristic_cfg(self, inv: Invocation, impl: Implementation, stage: str) -> Any:
+        """The launch parameters (``FwdParams`` for ``"fwd"``, ``BwdParams`` for ``"bwd"``) to use untuned.
+
+        The config chain asks this (tier 6, and for unset params of an override); the default is
+        ``impl``'s own heuristic. An op overrides it to add op-level policy.
+        """
+        return impl.heuristic_cfg(inv, stage)
 
     def candidate_cfgs(self, inv: Invocation, impl: Implementation, stage: str) -> list[Any]:
-        """Launch parameters of ``impl`` worth timing for ``stage``."""
+        """Launch parameters of ``impl`` that the autotuner times for ``stage`` (default: ``impl``'s own)."""
         return impl.candidate_cfgs(inv, stage)
 
     def make_inputs(self, inv: Invocation, seed: int = 0) -> dict[str, Any]:

@@ -119,7 +119,9 @@ class Executor:
             return fwd_bwd
 
         chain = self.chain
-        fwd = chain.select(inv, "fwd", impls, override=cfg, forced=forced, timing_fn=timing_fn, make_args=make_args)
+        fwd = chain.select(
+            kernel, inv, "fwd", impls, override=cfg, forced=forced, timing_fn=timing_fn, make_args=make_args
+        )
         _record(inv, fwd)
         scope = _scope_name(inv, fwd)
 
@@ -136,7 +138,15 @@ class Executor:
         def op_fwd(dyn: Mapping[str, Any]) -> Any:
             # Only reached when the call is differentiated: now the backward's parameters matter.
             bwd = chain.select(
-                inv, "bwd", impls, override=cfg, forced=forced, fwd=fwd, timing_fn=timing_fn, make_args=make_args
+                kernel,
+                inv,
+                "bwd",
+                impls,
+                override=cfg,
+                forced=forced,
+                fwd=fwd,
+                timing_fn=timing_fn,
+                make_args=make_args,
             )
             out, vjp = jax.vjp(lambda d: primal(d, bwd.params), dyn)
             return out, vjp

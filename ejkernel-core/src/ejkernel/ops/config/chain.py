@@ -23,6 +23,7 @@ from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 if TYPE_CHECKING:
     from ejkernel.kernels.registry import Implementation
+    from ejkernel.ops.core import Kernel
 
 POLICIES = ("autotune", "heuristics", "error")
 DEFAULT_POLICY = "heuristics"
@@ -141,6 +142,7 @@ class ConfigSelectorChain:
 
     def select(
         self,
+        kernel: Kernel[Any],
         inv: Invocation,
         stage: str,
         impls: Sequence[Implementation],
@@ -152,6 +154,8 @@ class ConfigSelectorChain:
         make_args: Callable[[], Sequence[Any]] | None = None,
     ) -> Selection:
         """Resolve ``stage`` of ``inv`` among ``impls`` (already restricted to the platform/backend asked for).
+
+        ``kernel`` supplies the heuristic and candidate launch parameters of each implementation.
 
         ``forced`` names what restricted ``impls`` (for error messages); ``fwd`` is the forward's
         selection when ``stage == "bwd"``; ``timing_fn(impl, fwd_params, bwd_params)`` builds the
@@ -190,7 +194,7 @@ class ConfigSelectorChain:
                 )
             impl = chosen[0]
             wanted = cfg.fwd_params if stage == "fwd" else cfg.bwd_params
-            params = wanted if wanted is not None else impl.heuristic_cfg(inv, stage)
+            params = wanted if wanted is not None else kernel.heuristic_cfg(inv, impl, stage)
             why.append(
                 f"{tier} config"
                 + ("" if wanted is not None else f" (its {stage}_params unset: {impl.name}'s heuristic)")
@@ -222,7 +226,7 @@ class ConfigSelectorChain:
         if policy == "autotune" and timing_fn is not None and make_args is not None:
             candidates: list[tuple[Implementation, Any]] = []
             for impl in usable:
-                for params in impl.candidate_cfgs(inv, stage):
+                for params in kernel.candidate_cfgs(inv, impl, stage):
                     if (impl, params) not in candidates:
                         candidates.append((impl, params))
             labelled = [
@@ -262,7 +266,9 @@ class ConfigSelectorChain:
         if policy != "error":
             impl = usable[0]
             why.append(f"{impl.name} has the highest priority ({impl.priority}) of {[i.name for i in usable]}")
-            return self._remember(Selection(inv.op, stage, impl, impl.heuristic_cfg(inv, stage), "heuristics", why))
+            return self._remember(
+                Selection(inv.op, stage, impl, kernel.heuristic_cfg(inv, impl, stage), "heuristics", why)
+            )
 
         # Tier 7.
         raise ConfigError(
