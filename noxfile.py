@@ -88,6 +88,8 @@ def tests(session: nox.Session) -> None:
             session,
             "--doctest-modules",
             "--doctest-glob=README.md",
+            # The conformance suites that ship in the core run from tests/conformance; not twice.
+            "--ignore=ejkernel-core/src/ejkernel/testing/conformance",
             "ejkernel-core/src/ejkernel",
             "README.md",
             expect=None,

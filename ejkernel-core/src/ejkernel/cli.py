@@ -1,7 +1,6 @@
 """The ``ejkernel`` command: ``info`` (what is installed and what would run) and ``cache`` (tuned configs).
 
->>> main(["cache", "export", "/dev/stdout"]) == 0  # doctest: +SKIP
-True
+Run as ``ejkernel ...`` or ``python -m ejkernel ...``; ``tests/core/test_cli.py`` runs every command.
 """
 
 from __future__ import annotations
