@@ -34,6 +34,7 @@ def ejkernel_register_kernels(registry: Any) -> None:
         heuristic_cfg="ejkernel_xla.flash_attention.cudnn:heuristic_cfg",
         version=__version__,
     )
+    # (one registration per op above this line, in the order of the catalogue)
 
 
 @hookimpl

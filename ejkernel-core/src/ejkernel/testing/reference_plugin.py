@@ -14,47 +14,35 @@ with the core alone, whatever plugins are installed:
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
+from ejkernel.kernels.signatures import OPS
 from ejkernel.plugins import BackendInfo, hookimpl
 from ejkernel.testing import reference
 
 
-def flash_attention(
-    query: Any,
-    key: Any,
-    value: Any,
-    bias: Any = None,
-    *,
-    attention_mask: Any = None,
-    q_segment_ids: Any = None,
-    kv_segment_ids: Any = None,
-    softmax_scale: float | None = None,
-    causal: bool = False,
-    sliding_window: int | tuple[int, int] | None = None,
-    logits_soft_cap: float | None = None,
-    dropout_prob: float = 0.0,
-    dropout_seed: Any = None,
-    cu_seqlens_q: Any = None,
-    cu_seqlens_k: Any = None,
-    fwd_params: Any = None,
-    bwd_params: Any = None,
-) -> Any:
-    """The reference ``flash_attention`` behind the canonical signature (launch parameters are ignored)."""
-    return reference.flash_attention(
-        query, key, value, bias, attention_mask=attention_mask, q_segment_ids=q_segment_ids,
-        kv_segment_ids=kv_segment_ids, softmax_scale=softmax_scale, causal=causal, sliding_window=sliding_window,
-        logits_soft_cap=logits_soft_cap, dropout_prob=dropout_prob, dropout_seed=dropout_seed,
-        cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-    )  # fmt: skip
+def as_implementation(op: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` (a reference) behind ``op``'s canonical signature; launch parameters are accepted and ignored."""
+
+    @functools.wraps(fn)
+    def impl(*args: Any, fwd_params: Any = None, bwd_params: Any = None, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    impl.__signature__ = OPS[op].signature  # type: ignore[attr-defined]
+    return impl
 
 
 class ReferencePlugin:
-    """Registers every reference as an implementation (platform ``reference``, backend ``any``, priority -1000)."""
+    """Registers the reference of every catalogued op (platform ``reference``, backend ``any``, priority -1000)."""
 
     @hookimpl
     def ejkernel_register_kernels(self, registry: Any) -> None:
-        registry.register("flash_attention", "reference", "any", priority=-1000, impl=flash_attention, version="0")
+        for op in OPS:
+            if hasattr(reference, op):
+                fn = as_implementation(op, getattr(reference, op))
+                registry.register(op, "reference", "any", priority=-1000, impl=fn, version="0")
 
     @hookimpl
     def ejkernel_backend_info(self) -> BackendInfo:

@@ -34,6 +34,7 @@ OPS: dict[str, OpSpec] = {
         _flash_attention.validate,
         provided_by=("ejkernel-xla", "ejkernel-triton", "ejkernel-pallas", "ejkernel-cuda"),
     ),
+    # (one entry per op above this line, in the order of the catalogue)
 }
 
 

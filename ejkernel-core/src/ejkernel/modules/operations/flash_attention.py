@@ -9,9 +9,9 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from ejkernel.kernels.signatures.flash_attention import normalize_window
-from ejkernel.modules.operations._sharding import maybe_shard_map
+from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations.configs import FlashAttentionConfig
-from ejkernel.ops import Executor, Invocation, Kernel
+from ejkernel.ops import Invocation, Kernel
 
 
 class FlashAttention(Kernel[FlashAttentionConfig]):
@@ -44,7 +44,6 @@ class FlashAttention(Kernel[FlashAttentionConfig]):
 
 
 _kernel = FlashAttention()
-_executor = Executor()
 
 
 def flash_attention(
@@ -129,11 +128,13 @@ def flash_attention(
         "logits_soft_cap": logits_soft_cap,
         "dropout_prob": dropout_prob,
     }
-    return maybe_shard_map(
-        "flash_attention",
-        lambda **kw: _executor(_kernel, cfg=cfg, platform=platform, backend=backend, **kw),
+    return dispatch(
+        _kernel,
         arrays,
         options,
+        platform=platform,
+        backend=backend,
+        cfg=cfg,
         mesh=mesh,
         in_specs=in_specs,
         out_specs=out_specs,

@@ -57,3 +57,31 @@ def assert_close(got: Any, want: Any, rtol: float, what: str, seed: int) -> None
     assert got.shape == want.shape, f"{what}: shape {got.shape} != reference {want.shape} (seed {seed})"
     err = relative_error(got, want)
     assert err <= rtol, f"{what}: relative error {err:.3g} > {rtol:g} (seed {seed})"
+
+
+def call_forced(fn: Any, impl: Any, *args: Any, **kwargs: Any) -> Any:
+    """The public function ``fn`` with the implementation under test forced (its platform and backend)."""
+    backend = None if impl.backend == "any" else impl.backend
+    return fn(*args, platform=impl.platform, backend=backend, **kwargs)
+
+
+def jitted(fn: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)`` compiled once: array options are traced, the rest is static (compiling
+    the whole call is much faster on CPU than dispatching it op by op)."""
+    arrays = {k: v for k, v in kwargs.items() if isinstance(v, jax.Array)}
+    static = {k: v for k, v in kwargs.items() if k not in arrays}
+    compiled = jax.jit(lambda arr, *a: fn(*a, **arr, **static))
+    return lambda *a: compiled(arrays, *a)
+
+
+def skip_if_unsupported(impl: Any, kernel: Any, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    """An implementation may decline a call (``supports``); then forcing it must fail with that reason, and the
+    test is skipped. ``kernel`` is the op's ``Kernel`` instance, ``fn`` its public function."""
+    from ejkernel.ops import ConfigError, Invocation
+
+    arguments = kernel.normalize(kernel.bind(args, kwargs))
+    reason = impl.supports(Invocation.create(kernel.op_id, arguments, impl.backend))
+    if reason is not None:
+        with pytest.raises(ConfigError, match="cannot serve"):
+            call_forced(fn, impl, *args, **kwargs)
+        pytest.skip(f"{impl.name} declines this call: {reason}")

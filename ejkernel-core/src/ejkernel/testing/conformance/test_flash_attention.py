@@ -15,17 +15,19 @@ import pytest
 from jax.test_util import check_grads
 
 from ejkernel.modules import flash_attention
-from ejkernel.ops import Invocation
-from ejkernel.ops.config.chain import ConfigError
+from ejkernel.modules.operations.flash_attention import _kernel
 from ejkernel.testing import reference
 from ejkernel.testing.conformance._harness import (
     DTYPES,
     FWD_RTOL,
     GRAD_RTOL,
     assert_close,
+    call_forced,
     fresh_key,
     implementations_under_test,
+    jitted,
 )
+from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
 
 OP = "flash_attention"
 
@@ -103,30 +105,11 @@ def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...]
 
 
 def call(impl: Any, *args: Any, **kwargs: Any) -> Any:
-    """The public function with the implementation under test forced (eagerly, or traced when under a transform)."""
-    backend = None if impl.backend == "any" else impl.backend
-    return flash_attention(*args, platform=impl.platform, backend=backend, **kwargs)
-
-
-def jitted(fn: Any, **kwargs: Any) -> Any:
-    """``fn(*args, **kwargs)`` compiled once: array options are traced, the rest is static (compiling
-    the whole call is much faster on CPU than dispatching it op by op)."""
-    arrays = {k: v for k, v in kwargs.items() if isinstance(v, jax.Array)}
-    static = {k: v for k, v in kwargs.items() if k not in arrays}
-    compiled = jax.jit(lambda arr, *a: fn(*a, **arr, **static))
-    return lambda *a: compiled(arrays, *a)
+    return call_forced(flash_attention, impl, *args, **kwargs)
 
 
 def skip_if_unsupported(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-    """An implementation may decline a call (``supports``); then forcing it must fail with that reason."""
-    from ejkernel.modules.operations.flash_attention import _kernel
-
-    arguments = _kernel.normalize(_kernel.bind(args, kwargs))
-    reason = impl.supports(Invocation.create(OP, arguments, impl.backend))
-    if reason is not None:
-        with pytest.raises(ConfigError, match="cannot serve"):
-            call(impl, *args, **kwargs)
-        pytest.skip(f"{impl.name} declines this call: {reason}")
+    _skip_if_unsupported(impl, _kernel, flash_attention, args, kwargs)
 
 
 def _float_args(args: tuple[Any, ...]) -> tuple[int, ...]:
