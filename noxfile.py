@@ -6,8 +6,8 @@
 - ``core``, ``xla``, ``triton``, ``pallas``, ``cuda``: one install configuration each, the core alone
   or the core with exactly that plugin, installed as a user installs them (not editable). Each
   checks that exactly the expected plugins load (``tests/install``, told by
-  ``EJKERNEL_EXPECT_PLUGINS``), that the core's own tests pass without the other plugins
-  (``tests/core``) and, where the plugin has kernels, the conformance suites (``tests/conformance``).
+  ``EJKERNEL_EXPECT_PLUGINS``), that the core's own tests and the references' hand-checked cases pass
+  without the other plugins (``tests/core``, ``tests/reference``) and, where the plugin has kernels, the conformance suites (``tests/conformance``).
 - ``lint``: ``ruff format --check``, ``ruff check`` and ``mypy`` (configured in pyproject.toml).
 - ``demo``: the core and the XLA plugin; runs demo/transformer_block.py, then ``ejkernel info``.
 
@@ -101,13 +101,13 @@ def tests(session: nox.Session) -> None:
 def core(session: nox.Session) -> None:
     """The core alone, as a user installs it: no plugin loads, and a call says what to install."""
     _install(session, "core", editable=False)
-    _pytest(session, "tests/core", "tests/install", expect=())
+    _pytest(session, "tests/core", "tests/reference", "tests/install", expect=())
 
 
 def _plugin_session(plugin: str) -> None:
     def session_fn(session: nox.Session) -> None:
         _install(session, "core", plugin, editable=False)
-        suites = ["tests/core", "tests/install"]
+        suites = ["tests/core", "tests/reference", "tests/install"]
         if plugin in CONFORMANCE:
             suites += ["tests/conformance", *CONFORMANCE[plugin]]
         _pytest(session, *suites, expect=(plugin,))
