@@ -33,12 +33,14 @@ PYTHON = "3.11"
 PLUGINS = ("xla", "triton", "pallas", "cuda")
 # Plugins that register kernels, so that the conformance suites have something of theirs to check, and
 # the pytest options that select them: Triton's kernels are registered for GPUs, and on a CPU the
-# suites run them in Triton's interpreter (EJKERNEL_TRITON_INTERPRET=1 below).
-CONFORMANCE = {"xla": (), "triton": ("--ejkernel-backend=gpu",)}
-# The CPU test set-up of DESIGN §10: 8 simulated devices for sharding, Triton kernels interpreted.
+# suites run them in Triton's interpreter (EJKERNEL_TRITON_INTERPRET=1 below); Pallas's TPU kernels
+# register for the CPU too when EJKERNEL_PALLAS_INTERPRET=1, and run in JAX's TPU interpret mode.
+CONFORMANCE = {"xla": (), "triton": ("--ejkernel-backend=gpu",), "pallas": ()}
+# The CPU test set-up of DESIGN §10: 8 simulated devices for sharding, Triton and TPU kernels interpreted.
 TEST_ENV = {
     "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
     "EJKERNEL_TRITON_INTERPRET": "1",
+    "EJKERNEL_PALLAS_INTERPRET": "1",
 }
 LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1")
 
