@@ -176,7 +176,11 @@ def _extra_specs(geo: Geometry, q_index: Any, k_index: Any) -> list[Any]:
     return specs
 
 
-def _compiler_params() -> Any:
+def _compiler_params(interpret: Any) -> Any:
+    if interpret:
+        # JAX's TPU interpreter does not extend dimension_semantics by the grid axes that vmap prepends
+        # (Mosaic's lowering does), so interpreted kernels leave them unset: every axis sequential.
+        return pltpu.CompilerParams()
     return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel", "arbitrary"))
 
 
@@ -209,7 +213,7 @@ def forward(geo: Geometry, q: Any, k: Any, v: Any, extras: Any, interpret: Any) 
             pltpu.VMEM((geo.bq, LANES), F32),
             pltpu.VMEM((geo.bq, dv), F32),
         ],
-        compiler_params=_compiler_params(),
+        compiler_params=_compiler_params(interpret),
         interpret=interpret,
         name="ejkernel_flash_attention_fwd",
     )(q, k, v, *extras)
@@ -332,7 +336,7 @@ def backward(geo: Geometry, q: Any, k: Any, v: Any, extras: Any, do: Any, lse: A
         ],
         out_shape=[jax.ShapeDtypeStruct((b, h, sp, d), k.dtype), jax.ShapeDtypeStruct((b, h, sp, dv_dim), v.dtype)],
         scratch_shapes=[pltpu.VMEM((geo.bk, d), F32), pltpu.VMEM((geo.bk, dv_dim), F32)],
-        compiler_params=_compiler_params(),
+        compiler_params=_compiler_params(interpret),
         interpret=interpret,
         name="ejkernel_flash_attention_dkdv",
     )(q, k, v, do, lse, delta, *extras)
@@ -370,7 +374,7 @@ def backward(geo: Geometry, q: Any, k: Any, v: Any, extras: Any, do: Any, lse: A
         out_specs=out_specs,
         out_shape=out_shape,
         scratch_shapes=[pltpu.VMEM((geo.bq, d), F32)],
-        compiler_params=_compiler_params(),
+        compiler_params=_compiler_params(interpret),
         interpret=interpret,
         name="ejkernel_flash_attention_dq",
     )(q, k, v, do, lse, delta, *extras)
