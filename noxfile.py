@@ -33,15 +33,17 @@ PYTHON = "3.11"
 PLUGINS = ("xla", "triton", "pallas", "cuda")
 # Plugins that register kernels, so that the conformance suites have something of theirs to check, and
 # the pytest options that select them: Triton's kernels are registered for GPUs, and on a CPU the
-# suites run them in Triton's interpreter (EJKERNEL_TRITON_INTERPRET=1 below); Pallas's TPU kernels
-# register for the CPU too when EJKERNEL_PALLAS_INTERPRET=1, and run in JAX's TPU interpret mode.
+# suites run them in Triton's interpreter (EJKERNEL_TRITON_INTERPRET=1 below).
 CONFORMANCE = {"xla": (), "triton": ("--ejkernel-backend=gpu",), "pallas": ()}
-# The CPU test set-up of DESIGN §10: 8 simulated devices for sharding, Triton and TPU kernels interpreted.
+# The CPU test set-up of DESIGN §10: 8 simulated devices for sharding, Triton kernels interpreted.
 TEST_ENV = {
     "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
     "EJKERNEL_TRITON_INTERPRET": "1",
-    "EJKERNEL_PALLAS_INTERPRET": "1",
 }
+# Per plugin session: Pallas's TPU kernels register for the CPU too, and run in JAX's TPU interpret mode.
+# Only there: interpreting them is slow, and once per CI run is enough (``tests/pallas`` runs them in
+# ``tests`` directly, at shapes the conformance suites do not cover).
+PLUGIN_ENV = {"pallas": {"EJKERNEL_PALLAS_INTERPRET": "1"}}
 LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1")
 
 
@@ -59,7 +61,9 @@ def _install(session: nox.Session, *distributions: str, editable: bool) -> None:
     session.install(*args)
 
 
-def _pytest(session: nox.Session, *default_args: str, expect: tuple[str, ...] | None) -> None:
+def _pytest(
+    session: nox.Session, *default_args: str, expect: tuple[str, ...] | None, extra_env: dict[str, str] | None = None
+) -> None:
     """Run pytest (``session.posargs`` replace ``default_args``) with the CPU test environment.
 
     ``expect``: the entry-point names ``tests/install`` must find loaded (``None``: not checked).
@@ -70,6 +74,7 @@ def _pytest(session: nox.Session, *default_args: str, expect: tuple[str, ...] | 
         session.error(f"test suites missing from the checkout: {', '.join(missing)}")
     env = {
         **TEST_ENV,
+        **(extra_env or {}),
         "EJKERNEL_CACHE_DIR": str(Path(session.create_tmp()) / "ejkernel-cache"),
         # One compilation cache for all sessions: the conformance suites compile the same programs in
         # ``tests`` and in each plugin's session, and again on every local run.
@@ -112,7 +117,7 @@ def _plugin_session(plugin: str) -> None:
         suites = ["tests/core", "tests/reference", "tests/install"]
         if plugin in CONFORMANCE:
             suites += ["tests/conformance", *CONFORMANCE[plugin]]
-        _pytest(session, *suites, expect=(plugin,))
+        _pytest(session, *suites, expect=(plugin,), extra_env=PLUGIN_ENV.get(plugin))
 
     session_fn.__name__ = plugin
     session_fn.__doc__ = f"The core with ejkernel-{plugin} alone, as a user installs them: only that plugin loads" + (
