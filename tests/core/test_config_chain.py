@@ -226,3 +226,16 @@ def test_record_appends_invocations(costly_plugin, isolated_cache, monkeypatch):
     rec = json.loads(lines[-1])
     assert rec["op"] == "flash_attention" and rec["impl"] == "costly:any" and rec["arguments"]["causal"] is True
     assert ops.recorded_invocations()[-1] == rec
+
+
+def test_no_candidates_to_time_falls_back_to_the_heuristic_and_says_so(costly_plugin, monkeypatch):
+    from . import _plugins
+
+    monkeypatch.setenv("EJKERNEL_AUTOTUNE_POLICY", "autotune")
+    monkeypatch.setattr(_plugins, "FWD_CANDIDATES", [])
+    q, k, v = _qkv()
+    flash_attention(q, k, v, platform="costly")
+    sel = _selections("fwd")[-1]
+    assert sel.tier == "heuristics"
+    assert any("offers no candidates" in w for w in sel.why), sel.why
+    assert not any("failed" in w for w in sel.why), sel.why

@@ -229,38 +229,43 @@ class ConfigSelectorChain:
                 for params in kernel.candidate_cfgs(inv, impl, stage):
                     if (impl, params) not in candidates:
                         candidates.append((impl, params))
-            labelled = [
-                (
-                    f"{impl.name} {params.to_dict() if params is not None else {}}",
-                    timing_fn(impl, params, None) if stage == "fwd" else timing_fn(impl, fwd.params, params),
-                )
-                for impl, params in candidates
-            ]
-            try:
-                best, timings = self.autotuner.tune(f"{inv.op} {stage}", labelled, make_args)
-            except AutotuneError as e:
-                why.append(str(e))
+            if not candidates:
+                # An op may offer nothing to time for some calls (e.g. collectives, which cannot run
+                # outside their mesh); then the heuristic decides, and the explanation says why.
+                why.append(f"autotune: {inv.op} offers no candidates to time for this call")
             else:
-                impl, params = candidates[best]
-                entry = {
-                    "impl": impl.name,
-                    "impl_version": impl.version,
-                    "params": params.to_dict() if params is not None else {},
-                    "seconds": timings[best].seconds,
-                    "invocation": inv.describe(),
-                }
-                self.memory[mem_key] = entry
-                self.persistent.put(fp_id, inv.op, key, entry, device_fingerprint())
-                failed = [t for t in timings if t.seconds is None]
-                why.append(
-                    f"fastest of {len(timings)} candidates ({timings[best].seconds * 1e3:.3f} ms)"
-                    + (
-                        f"; {len(failed)} failed: " + "; ".join(f"{t.label}: {t.error}" for t in failed)
-                        if failed
-                        else ""
+                labelled = [
+                    (
+                        f"{impl.name} {params.to_dict() if params is not None else {}}",
+                        timing_fn(impl, params, None) if stage == "fwd" else timing_fn(impl, fwd.params, params),
                     )
-                )
-                return self._remember(Selection(inv.op, stage, impl, params, "autotune", why, timings))
+                    for impl, params in candidates
+                ]
+                try:
+                    best, timings = self.autotuner.tune(f"{inv.op} {stage}", labelled, make_args)
+                except AutotuneError as e:
+                    why.append(str(e))
+                else:
+                    impl, params = candidates[best]
+                    entry = {
+                        "impl": impl.name,
+                        "impl_version": impl.version,
+                        "params": params.to_dict() if params is not None else {},
+                        "seconds": timings[best].seconds,
+                        "invocation": inv.describe(),
+                    }
+                    self.memory[mem_key] = entry
+                    self.persistent.put(fp_id, inv.op, key, entry, device_fingerprint())
+                    failed = [t for t in timings if t.seconds is None]
+                    why.append(
+                        f"fastest of {len(timings)} candidates ({timings[best].seconds * 1e3:.3f} ms)"
+                        + (
+                            f"; {len(failed)} failed: " + "; ".join(f"{t.label}: {t.error}" for t in failed)
+                            if failed
+                            else ""
+                        )
+                    )
+                    return self._remember(Selection(inv.op, stage, impl, params, "autotune", why, timings))
 
         # Tier 6: the best implementation's own heuristic.
         if policy != "error":
