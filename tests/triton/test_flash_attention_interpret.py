@@ -16,6 +16,7 @@ unmasked tiles, skipped tiles).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -95,14 +96,15 @@ def _close(name: str, got: jax.Array, want: jax.Array, dtype, rng) -> None:
     assert err <= bound, f"{name}: max abs error {err:.3g} > {bound:.3g} (seed {_seed_of(rng)})"
 
 
-def check(rng, q, k, v, bias=None, **kw) -> tuple[jax.Array, jax.Array]:
+def check(rng, q, k, v, bias=None, *, bwd_params=BP, atomic_dq=False, **kw) -> tuple[jax.Array, jax.Array]:
     """Compare output, lse and every gradient with the reference; returns (out, lse).
 
     To keep the interpreter's time down this drives the custom_vjp's two halves directly (one
     forward, whose residuals feed the backward); ``test_custom_vjp_*`` cover the jax.custom_vjp
     wiring through jax.grad / jax.jit."""
     dtype = q.dtype.type
-    cfg, aux = _prepare(q, k, v, bias, **{**_DEFAULTS, **kw, "fwd_params": FP, "bwd_params": BP})
+    cfg, aux = _prepare(q, k, v, bias, **{**_DEFAULTS, **kw, "fwd_params": FP, "bwd_params": bwd_params})
+    cfg = dataclasses.replace(cfg, atomic_dq=atomic_dq)
     out, lse = _forward(cfg, q, k, v, bias, aux)
     ref_out, ref_lse = reference(q, k, v, bias, return_lse=True, **kw)
     assert out.dtype == q.dtype and lse.dtype == jnp.float32
@@ -182,6 +184,22 @@ def test_causal_bottom_right(rng, t, s):
     out, lse = check(rng, *_qkv(rng, 1, t, s, 2, 2, 32), causal=True)
     if t > s:
         assert not np.asarray(out[:, : t - s]).any() and np.isneginf(np.asarray(lse[:, :, : t - s])).all()
+
+
+@pytest.mark.parametrize(
+    "bwd_params",
+    [BwdParams(q_blocksize=16, kv_blocksize=32), BwdParams(q_blocksize=32, kv_blocksize=16)],
+    ids=["stream16_hold32", "stream32_hold16"],
+)
+def test_backward_tile_rule(rng, bwd_params):
+    # the dK/dV kernel holds kv_blocksize keys, the dQ kernel kv_blocksize queries (interface._backward):
+    # unequal blocks on ragged causal shapes, both ways round
+    check(rng, *_qkv(rng, 1, 45, 70, 2, 1, 32), bwd_params=bwd_params, causal=True)
+
+
+def test_atomic_dq(rng):
+    q, k, v = _qkv(rng, 1, 45, 70, 2, 1, 32)
+    check(rng, q, k, v, bwd_params=BwdParams(q_blocksize=16, kv_blocksize=32), atomic_dq=True, causal=True)
 
 
 @pytest.mark.parametrize(
@@ -401,6 +419,10 @@ def test_configs(d, dtype):
         assert cands and cands[0] == h and len(set(cands)) == len(cands)
         assert all(isinstance(c, cls) for c in cands)
     assert heuristic_cfg(_inv(128), "fwd") == FwdParams(q_blocksize=128, kv_blocksize=64, num_warps=8, num_stages=3)
+    # backward: (streamed, held) tiles, the held one the longer (interface._backward's tile rule)
+    assert heuristic_cfg(_inv(128), "bwd") == BwdParams(q_blocksize=64, kv_blocksize=128, num_warps=8, num_stages=3)
+    # a backward block tiles queries in one kernel and keys in the other: bounded by both lengths
+    assert all(max(c.q_blocksize, c.kv_blocksize) <= 32 for c in candidate_cfgs(_inv(64, t=20), "bwd"))
     # short sequences get no 128-long blocks
     assert all(c.q_blocksize <= 32 for c in candidate_cfgs(_inv(64, t=20), "fwd"))
 

@@ -197,6 +197,102 @@ def _scores(
     return s2, t
 
 
+@triton.jit
+def _span(PART: tl.constexpr, start, full_lo, full_hi, end):
+    """Bounds of part ``PART`` of a visit split by :func:`_block_range`: 0 the leading masked blocks,
+    1 the interior that needs no mask, 2 the trailing masked blocks. Kernels run the three parts in
+    this order (``tl.static_range(3)``, one loop each, masked unless ``PART == 1``)."""
+    if PART == 0:
+        b_lo = start
+        b_hi = full_lo
+    elif PART == 1:
+        b_lo = full_lo
+        b_hi = full_hi
+    else:
+        b_lo = full_hi
+        b_hi = end
+    return b_lo, b_hi
+
+
+@triton.jit
+def _row_bounds(RowLo, RowHi, QSeg, rows, T, S, HAS_SEG: tl.constexpr):
+    """Key interval and segment id of each query row; rows past T get an empty interval
+    (``lo = S, hi = 0``) so that they never widen a block's range and never attend."""
+    row_ok = rows < T
+    lo = tl.load(RowLo + rows, mask=row_ok, other=S)
+    hi = tl.load(RowHi + rows, mask=row_ok, other=0)
+    return lo, hi, _seg_ids(QSeg, rows, T, -1, HAS_SEG)
+
+
+@triton.jit
+def _seg_ids(Seg, idx, n, PAD: tl.constexpr, LOAD: tl.constexpr):
+    """Segment ids at ``idx`` when ``LOAD`` (``PAD`` past ``n``: -1 for queries, -2 for keys, so
+    that padding never matches); ``idx`` itself, unused, otherwise."""
+    if LOAD:
+        seg = tl.load(Seg + idx, mask=idx < n, other=PAD)
+    else:
+        seg = idx
+    return seg
+
+
+@triton.jit
+def _tile_scores(
+    qk,
+    ii,
+    jj,
+    lo,
+    hi,
+    qseg,
+    kseg,
+    mask_base,
+    bias_base,
+    sm_scale,
+    softcap,
+    S,
+    MASKED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_MASK: tl.constexpr,
+    HAS_SEG: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+):
+    """Scores of one tile in log2 units, ``-inf`` where the pair does not attend, and the soft
+    cap's ``tanh`` (see :func:`_scores`). The loop body every kernel shares.
+
+    The index arguments come broadcast to the tile's orientation: ``ii``/``lo``/``hi``/``qseg``
+    along the query axis, ``jj``/``kseg`` along the key axis (``[BM, BN]`` tiles in the forward and
+    dQ kernels, ``[BN, BM]`` in the dK/dV kernel). ``MASKED``: the tile may hold rejected pairs or
+    leave the matrix; otherwise every pair attends and no mask is built."""
+    if MASKED:
+        ok = _allowed(ii, jj, lo, hi, mask_base, qseg, kseg, S, HAS_MASK, HAS_SEG)
+        s2, t = _scores(qk, ii, jj, ok, bias_base, sm_scale, softcap, S, True, HAS_BIAS, HAS_SOFTCAP)
+        s2 = tl.where(ok, s2, float("-inf"))
+    else:
+        s2, t = _scores(qk, ii, jj, 0, bias_base, sm_scale, softcap, S, False, HAS_BIAS, HAS_SOFTCAP)
+    return s2, t
+
+
+@triton.jit
+def _keep_mask(row_hash, jj, DROP_THRESH: tl.constexpr):
+    """Which elements dropout keeps (``row_hash``/``jj`` broadcast to the tile); unused without dropout."""
+    if DROP_THRESH > 0:
+        keep = _dropout_keep(row_hash, jj, DROP_THRESH)
+    else:
+        keep = jj  # unused
+    return keep
+
+
+@triton.jit
+def _dscores(b_p, b_dp, b_delta, b_t, keep, drop_scale, HAS_SOFTCAP: tl.constexpr, DROP_THRESH: tl.constexpr):
+    """dS = P * (dP - delta), with dP = dO V^T through the dropout mask and its 1/(1-p) scale,
+    times 1 - tanh^2 under a soft cap. ``b_delta`` comes broadcast to the tile."""
+    if DROP_THRESH > 0:
+        b_dp = tl.where(keep, b_dp * drop_scale, 0.0)
+    b_ds = b_p * (b_dp - b_delta)
+    if HAS_SOFTCAP:
+        b_ds = b_ds * (1.0 - b_t * b_t)
+    return b_ds
+
+
 # ------------------------------------------------------------------------------------------------
 # Forward.
 # ------------------------------------------------------------------------------------------------
@@ -245,18 +341,26 @@ def _fwd_inner(
         # S_ij = q_i . k_j on the tensor cores.
         b_k = _load_tile(k_base, offs_n, KH * D, S, D, BLOCK_D, MASKED)  # [BN, BD]
         b_qk = _mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
-        if MASKED:
-            if HAS_SEG:
-                b_kseg = tl.load(kseg_base + offs_n, mask=offs_n < S, other=-2)
-            else:
-                b_kseg = offs_n
-            ok = _allowed(
-                ii, jj, lo[:, None], hi[:, None], mask_base, qseg[:, None], b_kseg[None, :], S, HAS_MASK, HAS_SEG
-            )  # [BM, BN]
-            b_s, _t = _scores(b_qk, ii, jj, ok, bias_base, sm_scale, softcap, S, True, HAS_BIAS, HAS_SOFTCAP)
-            b_s = tl.where(ok, b_s, float("-inf"))
-        else:
-            b_s, _t = _scores(b_qk, ii, jj, 0, bias_base, sm_scale, softcap, S, False, HAS_BIAS, HAS_SOFTCAP)
+        b_kseg = _seg_ids(kseg_base, offs_n, S, -2, MASKED and HAS_SEG)
+        b_s, _t = _tile_scores(
+            b_qk,
+            ii,
+            jj,
+            lo[:, None],
+            hi[:, None],
+            qseg[:, None],
+            b_kseg[None, :],
+            mask_base,
+            bias_base,
+            sm_scale,
+            softcap,
+            S,
+            MASKED,
+            HAS_BIAS,
+            HAS_MASK,
+            HAS_SEG,
+            HAS_SOFTCAP,
+        )  # [BM, BN]
         # Online softmax: new running max; a row that has seen only -inf keeps a finite reference
         # point (0) so that exp2(-inf - m) is 0, never NaN (-inf can also come from the bias).
         m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
@@ -320,10 +424,7 @@ def _attn_fwd(
     i_b64 = i_b.to(tl.int64)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
-    row_ok = offs_m < T
-    # Key interval of every row; rows past T get an empty one so they never widen the range.
-    lo = tl.load(RowLo + offs_m, mask=row_ok, other=S)  # [BM]
-    hi = tl.load(RowHi + offs_m, mask=row_ok, other=0)
+    lo, hi, qseg = _row_bounds(RowLo, RowHi, QSeg + i_b64 * T, offs_m, T, S, HAS_SEG)  # [BM]
     n_start, n_full_lo, n_full_hi, n_end = _block_range(lo, hi, BLOCK_N, HAS_MASK or HAS_SEG)
 
     q_base = Q + i_b64 * T * (H * D) + i_h * D
@@ -331,11 +432,6 @@ def _attn_fwd(
     v_base = V + i_b64 * S * (KH * DV) + i_kh * DV
     bias_base = Bias + i_b64 * bias_sb + i_h.to(tl.int64) * bias_sh
     mask_base = Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh
-    kseg_base = KSeg + i_b64 * S
-    if HAS_SEG:
-        qseg = tl.load(QSeg + i_b64 * T + offs_m, mask=row_ok, other=-1)
-    else:
-        qseg = offs_m
     if DROP_THRESH > 0:
         row_hash = _row_hash(tl.load(Seed), i_b * H + i_h, offs_m)  # [BM] uint32
     else:
@@ -346,108 +442,42 @@ def _attn_fwd(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     # Key blocks partly admitted (band edges, ragged ends), then the interior, then the far edge.
-    acc, l_i, m_i = _fwd_inner(
-        acc,
-        l_i,
-        m_i,
-        b_q,
-        offs_m,
-        lo,
-        hi,
-        qseg,
-        row_hash,
-        k_base,
-        v_base,
-        bias_base,
-        mask_base,
-        kseg_base,
-        sm_scale,
-        softcap,
-        S,
-        n_start,
-        n_full_lo,
-        KH,
-        D,
-        DV,
-        BLOCK_D,
-        BLOCK_DV,
-        BLOCK_M,
-        BLOCK_N,
-        True,
-        HAS_BIAS,
-        HAS_MASK,
-        HAS_SEG,
-        HAS_SOFTCAP,
-        DROP_THRESH,
-    )
-    acc, l_i, m_i = _fwd_inner(
-        acc,
-        l_i,
-        m_i,
-        b_q,
-        offs_m,
-        lo,
-        hi,
-        qseg,
-        row_hash,
-        k_base,
-        v_base,
-        bias_base,
-        mask_base,
-        kseg_base,
-        sm_scale,
-        softcap,
-        S,
-        n_full_lo,
-        n_full_hi,
-        KH,
-        D,
-        DV,
-        BLOCK_D,
-        BLOCK_DV,
-        BLOCK_M,
-        BLOCK_N,
-        False,
-        HAS_BIAS,
-        HAS_MASK,
-        HAS_SEG,
-        HAS_SOFTCAP,
-        DROP_THRESH,
-    )
-    acc, l_i, m_i = _fwd_inner(
-        acc,
-        l_i,
-        m_i,
-        b_q,
-        offs_m,
-        lo,
-        hi,
-        qseg,
-        row_hash,
-        k_base,
-        v_base,
-        bias_base,
-        mask_base,
-        kseg_base,
-        sm_scale,
-        softcap,
-        S,
-        n_full_hi,
-        n_end,
-        KH,
-        D,
-        DV,
-        BLOCK_D,
-        BLOCK_DV,
-        BLOCK_M,
-        BLOCK_N,
-        True,
-        HAS_BIAS,
-        HAS_MASK,
-        HAS_SEG,
-        HAS_SOFTCAP,
-        DROP_THRESH,
-    )
+    for PART in tl.static_range(3):
+        n_lo, n_hi = _span(PART, n_start, n_full_lo, n_full_hi, n_end)
+        acc, l_i, m_i = _fwd_inner(
+            acc,
+            l_i,
+            m_i,
+            b_q,
+            offs_m,
+            lo,
+            hi,
+            qseg,
+            row_hash,
+            k_base,
+            v_base,
+            bias_base,
+            mask_base,
+            KSeg + i_b64 * S,
+            sm_scale,
+            softcap,
+            S,
+            n_lo,
+            n_hi,
+            KH,
+            D,
+            DV,
+            BLOCK_D,
+            BLOCK_DV,
+            BLOCK_M,
+            BLOCK_N,
+            PART != 1,
+            HAS_BIAS,
+            HAS_MASK,
+            HAS_SEG,
+            HAS_SOFTCAP,
+            DROP_THRESH,
+        )
 
     # Normalize; a row that admitted no key has l_i == 0: output 0, lse -inf (never NaN).
     empty = l_i == 0.0
@@ -456,7 +486,7 @@ def _attn_fwd(
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * _LN2)  # natural log
     o_base = O + i_b64 * T * (H * DV) + i_h * DV
     _store_tile(o_base, acc, offs_m, H * DV, T, DV, BLOCK_DV)
-    tl.store(LSE + (i_b64 * H + i_h) * T + offs_m, lse, mask=row_ok)
+    tl.store(LSE + (i_b64 * H + i_h) * T + offs_m, lse, mask=offs_m < T)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -467,6 +497,10 @@ def _attn_fwd(
 #   delta_i = sum_j P_ij dP_ij = sum_d dO_id O_id   (dropout included),
 # then the soft cap multiplies dS by 1 - tanh^2, dBias = dS, dQ = scale dS K, dK = scale dS^T Q.
 # P is recomputed from the saved lse: P = exp2(s2 - lse * log2(e)).
+#
+# Tiles (FA2): the dK/dV kernel holds BLOCK_N keys and streams BLOCK_M queries; the dQ kernel holds
+# BLOCK_M queries and streams BLOCK_N keys. Each kernel does best with a long held tile and a short
+# streamed one, so interface.py launches them with transposed block pairs.
 # ------------------------------------------------------------------------------------------------
 
 
@@ -508,6 +542,7 @@ def _dkdv_inner(
     bias_base,
     mask_base,
     qseg_base,
+    dq_base,
     row_hash_seed,
     sm_scale,
     softcap,
@@ -529,8 +564,10 @@ def _dkdv_inner(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     DROP_THRESH: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):
-    """Accumulate dK, dV of one key block over the query blocks ``[m_start, m_stop)`` of one head.
+    """Accumulate dK, dV of one key block over the query blocks ``[m_start, m_stop)`` of one head;
+    with ``ATOMIC_DQ`` also add this key block's share of dQ to ``dq_base`` (float32) atomically.
 
     Tiles are kept transposed (keys along dim 0, ``[BN, BM]``) so that the key block stays the
     row dimension of every dot: dV += P^T dO and dK += dS^T Q need no register transposes."""
@@ -544,32 +581,44 @@ def _dkdv_inner(
         b_delta = tl.load(Delta_bh + offs_m, mask=offs_m < T, other=0.0)  # [BM]
         b_qkT = _mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32))  # [BN, BM]
         if MASKED:
-            lo = tl.load(RowLo + offs_m, mask=offs_m < T, other=S)
-            hi = tl.load(RowHi + offs_m, mask=offs_m < T, other=0)
-            if HAS_SEG:
-                qseg = tl.load(qseg_base + offs_m, mask=offs_m < T, other=-1)
-            else:
-                qseg = offs_m
-            ok = _allowed(
-                ii, jj, lo[None, :], hi[None, :], mask_base, qseg[None, :], kseg[:, None], S, HAS_MASK, HAS_SEG
-            )  # [BN, BM]
-            b_sT, b_tT = _scores(b_qkT, ii, jj, ok, bias_base, sm_scale, softcap, S, True, HAS_BIAS, HAS_SOFTCAP)
-            b_pT = tl.where(ok, tl.exp2(b_sT - lse2[None, :]), 0.0)  # [BN, BM]
+            lo, hi, qseg = _row_bounds(RowLo, RowHi, qseg_base, offs_m, T, S, HAS_SEG)
         else:
-            b_sT, b_tT = _scores(b_qkT, ii, jj, 0, bias_base, sm_scale, softcap, S, False, HAS_BIAS, HAS_SOFTCAP)
-            b_pT = tl.exp2(b_sT - lse2[None, :])
+            lo, hi, qseg = offs_m, offs_m, offs_m  # unused: every pair of the tile attends
+        b_sT, b_tT = _tile_scores(
+            b_qkT,
+            ii,
+            jj,
+            lo[None, :],
+            hi[None, :],
+            qseg[None, :],
+            kseg[:, None],
+            mask_base,
+            bias_base,
+            sm_scale,
+            softcap,
+            S,
+            MASKED,
+            HAS_BIAS,
+            HAS_MASK,
+            HAS_SEG,
+            HAS_SOFTCAP,
+        )  # [BN, BM]
+        b_pT = tl.exp2(b_sT - lse2[None, :])  # [BN, BM]
         b_dpT = _mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32))  # [BN, BM] = (dO V^T)^T
         if DROP_THRESH > 0:
-            keep = _dropout_keep(_mix32(row_hash_seed ^ offs_m.to(tl.uint32))[None, :], jj, DROP_THRESH)
+            keep = _keep_mask(_mix32(row_hash_seed ^ offs_m.to(tl.uint32))[None, :], jj, DROP_THRESH)
             b_pdT = tl.where(keep, b_pT * drop_scale, 0.0)
-            b_dpT = tl.where(keep, b_dpT * drop_scale, 0.0)
         else:
+            keep = jj
             b_pdT = b_pT
         b_dv = _mma(b_pdT.to(b_do.dtype), b_do, b_dv)  # [BN, BDV]
-        b_dsT = b_pT * (b_dpT - b_delta[None, :])  # [BN, BM]
-        if HAS_SOFTCAP:
-            b_dsT = b_dsT * (1.0 - b_tT * b_tT)
+        b_dsT = _dscores(b_pT, b_dpT, b_delta[None, :], b_tT, keep, drop_scale, HAS_SOFTCAP, DROP_THRESH)
         b_dk = _mma(b_dsT.to(b_q.dtype), b_q, b_dk)  # [BN, BD]
+        if ATOMIC_DQ:
+            b_dq = _mma(tl.trans(b_dsT.to(b_k.dtype)), b_k, tl.zeros([BLOCK_M, BLOCK_D], tl.float32))  # [BM, BD]
+            cols = tl.arange(0, BLOCK_D)
+            p_dq = dq_base + offs_m.to(tl.int64)[:, None] * (H * D) + cols[None, :]
+            tl.atomic_add(p_dq, b_dq * sm_scale, mask=(offs_m < T)[:, None] & (cols < D)[None, :], sem="relaxed")
     return b_dk, b_dv
 
 
@@ -601,6 +650,7 @@ def _attn_bwd_dkdv(
     mask_sh,
     DKey,
     DVal,
+    DQAcc,
     H: tl.constexpr,
     KH: tl.constexpr,
     D: tl.constexpr,
@@ -614,10 +664,12 @@ def _attn_bwd_dkdv(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     DROP_THRESH: tl.constexpr,
+    ATOMIC_DQ: tl.constexpr,
 ):
     """One program: BLOCK_N keys of one (batch, kv head); loops over the H // KH query heads that
     share it (GQA) and over their query blocks, so dK/dV are summed in registers and written
-    once (deterministic, no atomics). Grid ``(cdiv(S, BN), KH, B)``."""
+    once (deterministic, no atomics). Grid ``(cdiv(S, BN), KH, B)``. ``ATOMIC_DQ``: dQ too, as
+    float32 atomic adds into the zeroed ``DQAcc [B, T, H, D]`` (not deterministic; replaces the dQ kernel)."""
     GROUP = H // KH
     pid_n = tl.program_id(0)
     i_kh = tl.program_id(1)
@@ -635,140 +687,59 @@ def _attn_bwd_dkdv(
     v_base = V + i_b64 * S * (KH * DV) + i_kh * DV
     b_k = _load_tile(k_base, offs_n, KH * D, S, D, BLOCK_D, True)  # [BN, BD]
     b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, True)  # [BN, BDV]
-    if HAS_SEG:
-        kseg = tl.load(KSeg + i_b64 * S + offs_n, mask=col_ok, other=-2)
-    else:
-        kseg = offs_n
+    kseg = _seg_ids(KSeg + i_b64 * S, offs_n, S, -2, HAS_SEG)
     b_dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     b_dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
 
     for g in range(GROUP):
         i_h = i_kh * GROUP + g
-        q_base = Q + i_b64 * T * (H * D) + i_h * D
-        do_base = DO + i_b64 * T * (H * DV) + i_h * DV
-        LSE_bh = LSE + (i_b64 * H + i_h) * T
-        Delta_bh = Delta + (i_b64 * H + i_h) * T
-        bias_base = Bias + i_b64 * bias_sb + i_h.to(tl.int64) * bias_sh
-        mask_base = Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh
         if DROP_THRESH > 0:
             # _row_hash(seed, bh, i) = mix32(mix32(seed ^ bh) ^ i): hoist the (b, h) half.
             row_hash_seed = _mix32(tl.load(Seed) ^ (i_b * H + i_h).to(tl.uint32))
         else:
             row_hash_seed = 0
-        b_dk, b_dv = _dkdv_inner(
-            b_dk,
-            b_dv,
-            b_k,
-            b_v,
-            offs_n,
-            kseg,
-            q_base,
-            do_base,
-            LSE_bh,
-            Delta_bh,
-            RowLo,
-            RowHi,
-            bias_base,
-            mask_base,
-            QSeg + i_b64 * T,
-            row_hash_seed,
-            sm_scale,
-            softcap,
-            drop_scale,
-            T,
-            S,
-            m_start,
-            m_full_lo,
-            H,
-            D,
-            DV,
-            BLOCK_D,
-            BLOCK_DV,
-            BLOCK_M,
-            BLOCK_N,
-            True,
-            HAS_BIAS,
-            HAS_MASK,
-            HAS_SEG,
-            HAS_SOFTCAP,
-            DROP_THRESH,
-        )
-        b_dk, b_dv = _dkdv_inner(
-            b_dk,
-            b_dv,
-            b_k,
-            b_v,
-            offs_n,
-            kseg,
-            q_base,
-            do_base,
-            LSE_bh,
-            Delta_bh,
-            RowLo,
-            RowHi,
-            bias_base,
-            mask_base,
-            QSeg + i_b64 * T,
-            row_hash_seed,
-            sm_scale,
-            softcap,
-            drop_scale,
-            T,
-            S,
-            m_full_lo,
-            m_full_hi,
-            H,
-            D,
-            DV,
-            BLOCK_D,
-            BLOCK_DV,
-            BLOCK_M,
-            BLOCK_N,
-            False,
-            HAS_BIAS,
-            HAS_MASK,
-            HAS_SEG,
-            HAS_SOFTCAP,
-            DROP_THRESH,
-        )
-        b_dk, b_dv = _dkdv_inner(
-            b_dk,
-            b_dv,
-            b_k,
-            b_v,
-            offs_n,
-            kseg,
-            q_base,
-            do_base,
-            LSE_bh,
-            Delta_bh,
-            RowLo,
-            RowHi,
-            bias_base,
-            mask_base,
-            QSeg + i_b64 * T,
-            row_hash_seed,
-            sm_scale,
-            softcap,
-            drop_scale,
-            T,
-            S,
-            m_full_hi,
-            m_end,
-            H,
-            D,
-            DV,
-            BLOCK_D,
-            BLOCK_DV,
-            BLOCK_M,
-            BLOCK_N,
-            True,
-            HAS_BIAS,
-            HAS_MASK,
-            HAS_SEG,
-            HAS_SOFTCAP,
-            DROP_THRESH,
-        )
+        for PART in tl.static_range(3):
+            m_lo, m_hi = _span(PART, m_start, m_full_lo, m_full_hi, m_end)
+            b_dk, b_dv = _dkdv_inner(
+                b_dk,
+                b_dv,
+                b_k,
+                b_v,
+                offs_n,
+                kseg,
+                Q + i_b64 * T * (H * D) + i_h * D,
+                DO + i_b64 * T * (H * DV) + i_h * DV,
+                LSE + (i_b64 * H + i_h) * T,
+                Delta + (i_b64 * H + i_h) * T,
+                RowLo,
+                RowHi,
+                Bias + i_b64 * bias_sb + i_h.to(tl.int64) * bias_sh,
+                Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh,
+                QSeg + i_b64 * T,
+                DQAcc + i_b64 * T * (H * D) + i_h * D,
+                row_hash_seed,
+                sm_scale,
+                softcap,
+                drop_scale,
+                T,
+                S,
+                m_lo,
+                m_hi,
+                H,
+                D,
+                DV,
+                BLOCK_D,
+                BLOCK_DV,
+                BLOCK_M,
+                BLOCK_N,
+                PART != 1,
+                HAS_BIAS,
+                HAS_MASK,
+                HAS_SEG,
+                HAS_SOFTCAP,
+                DROP_THRESH,
+                ATOMIC_DQ,
+            )
 
     _store_tile(DKey + i_b64 * S * (KH * D) + i_kh * D, b_dk * sm_scale, offs_n, KH * D, S, D, BLOCK_D)
     _store_tile(DVal + i_b64 * S * (KH * DV) + i_kh * DV, b_dv, offs_n, KH * DV, S, DV, BLOCK_DV)
@@ -819,26 +790,30 @@ def _dq_inner(
         b_k = _load_tile(k_base, offs_n, KH * D, S, D, BLOCK_D, MASKED)  # [BN, BD]
         b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, MASKED)  # [BN, BDV]
         b_qk = _mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
-        if MASKED:
-            if HAS_SEG:
-                b_kseg = tl.load(kseg_base + offs_n, mask=offs_n < S, other=-2)
-            else:
-                b_kseg = offs_n
-            ok = _allowed(
-                ii, jj, lo[:, None], hi[:, None], mask_base, qseg[:, None], b_kseg[None, :], S, HAS_MASK, HAS_SEG
-            )
-            b_s, b_t = _scores(b_qk, ii, jj, ok, bias_base, sm_scale, softcap, S, True, HAS_BIAS, HAS_SOFTCAP)
-            b_p = tl.where(ok, tl.exp2(b_s - lse2[:, None]), 0.0)  # [BM, BN]
-        else:
-            b_s, b_t = _scores(b_qk, ii, jj, 0, bias_base, sm_scale, softcap, S, False, HAS_BIAS, HAS_SOFTCAP)
-            b_p = tl.exp2(b_s - lse2[:, None])
+        b_kseg = _seg_ids(kseg_base, offs_n, S, -2, MASKED and HAS_SEG)
+        b_s, b_t = _tile_scores(
+            b_qk,
+            ii,
+            jj,
+            lo[:, None],
+            hi[:, None],
+            qseg[:, None],
+            b_kseg[None, :],
+            mask_base,
+            bias_base,
+            sm_scale,
+            softcap,
+            S,
+            MASKED,
+            HAS_BIAS,
+            HAS_MASK,
+            HAS_SEG,
+            HAS_SOFTCAP,
+        )  # [BM, BN]
+        b_p = tl.exp2(b_s - lse2[:, None])  # [BM, BN]
         b_dp = _mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
-        if DROP_THRESH > 0:
-            keep = _dropout_keep(row_hash[:, None], jj, DROP_THRESH)
-            b_dp = tl.where(keep, b_dp * drop_scale, 0.0)
-        b_ds = b_p * (b_dp - b_delta[:, None])
-        if HAS_SOFTCAP:
-            b_ds = b_ds * (1.0 - b_t * b_t)
+        keep = _keep_mask(row_hash[:, None], jj, DROP_THRESH)
+        b_ds = _dscores(b_p, b_dp, b_delta[:, None], b_t, keep, drop_scale, HAS_SOFTCAP, DROP_THRESH)
         b_dq = _mma(b_ds.to(b_k.dtype), b_k, b_dq)  # [BM, BD]
     return b_dq
 
@@ -891,139 +866,61 @@ def _attn_bwd_dq(
     i_b64 = i_b.to(tl.int64)
 
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = offs_m < T
-    lo = tl.load(RowLo + offs_m, mask=row_ok, other=S)
-    hi = tl.load(RowHi + offs_m, mask=row_ok, other=0)
+    lo, hi, qseg = _row_bounds(RowLo, RowHi, QSeg + i_b64 * T, offs_m, T, S, HAS_SEG)
     n_start, n_full_lo, n_full_hi, n_end = _block_range(lo, hi, BLOCK_N, HAS_MASK or HAS_SEG)
 
-    q_base = Q + i_b64 * T * (H * D) + i_h * D
     k_base = K + i_b64 * S * (KH * D) + i_kh * D
     v_base = V + i_b64 * S * (KH * DV) + i_kh * DV
     bias_base = Bias + i_b64 * bias_sb + i_h.to(tl.int64) * bias_sh
     mask_base = Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh
-    kseg_base = KSeg + i_b64 * S
-    if HAS_SEG:
-        qseg = tl.load(QSeg + i_b64 * T + offs_m, mask=row_ok, other=-1)
-    else:
-        qseg = offs_m
     if DROP_THRESH > 0:
         row_hash = _row_hash(tl.load(Seed), i_b * H + i_h, offs_m)
     else:
         row_hash = offs_m
 
-    b_q = _load_tile(q_base, offs_m, H * D, T, D, BLOCK_D, True)  # [BM, BD]
+    b_q = _load_tile(Q + i_b64 * T * (H * D) + i_h * D, offs_m, H * D, T, D, BLOCK_D, True)  # [BM, BD]
     b_do = _load_tile(DO + i_b64 * T * (H * DV) + i_h * DV, offs_m, H * DV, T, DV, BLOCK_DV, True)  # [BM, BDV]
     lse2 = _load_lse2(LSE + (i_b64 * H + i_h) * T, offs_m, T)
-    b_delta = tl.load(Delta + (i_b64 * H + i_h) * T + offs_m, mask=row_ok, other=0.0)
+    b_delta = tl.load(Delta + (i_b64 * H + i_h) * T + offs_m, mask=offs_m < T, other=0.0)
     b_dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-    b_dq = _dq_inner(
-        b_dq,
-        b_q,
-        b_do,
-        lse2,
-        b_delta,
-        offs_m,
-        lo,
-        hi,
-        qseg,
-        row_hash,
-        k_base,
-        v_base,
-        bias_base,
-        mask_base,
-        kseg_base,
-        sm_scale,
-        softcap,
-        drop_scale,
-        S,
-        n_start,
-        n_full_lo,
-        KH,
-        D,
-        DV,
-        BLOCK_D,
-        BLOCK_DV,
-        BLOCK_M,
-        BLOCK_N,
-        True,
-        HAS_BIAS,
-        HAS_MASK,
-        HAS_SEG,
-        HAS_SOFTCAP,
-        DROP_THRESH,
-    )
-    b_dq = _dq_inner(
-        b_dq,
-        b_q,
-        b_do,
-        lse2,
-        b_delta,
-        offs_m,
-        lo,
-        hi,
-        qseg,
-        row_hash,
-        k_base,
-        v_base,
-        bias_base,
-        mask_base,
-        kseg_base,
-        sm_scale,
-        softcap,
-        drop_scale,
-        S,
-        n_full_lo,
-        n_full_hi,
-        KH,
-        D,
-        DV,
-        BLOCK_D,
-        BLOCK_DV,
-        BLOCK_M,
-        BLOCK_N,
-        False,
-        HAS_BIAS,
-        HAS_MASK,
-        HAS_SEG,
-        HAS_SOFTCAP,
-        DROP_THRESH,
-    )
-    b_dq = _dq_inner(
-        b_dq,
-        b_q,
-        b_do,
-        lse2,
-        b_delta,
-        offs_m,
-        lo,
-        hi,
-        qseg,
-        row_hash,
-        k_base,
-        v_base,
-        bias_base,
-        mask_base,
-        kseg_base,
-        sm_scale,
-        softcap,
-        drop_scale,
-        S,
-        n_full_hi,
-        n_end,
-        KH,
-        D,
-        DV,
-        BLOCK_D,
-        BLOCK_DV,
-        BLOCK_M,
-        BLOCK_N,
-        True,
-        HAS_BIAS,
-        HAS_MASK,
-        HAS_SEG,
-        HAS_SOFTCAP,
-        DROP_THRESH,
-    )
+    for PART in tl.static_range(3):
+        n_lo, n_hi = _span(PART, n_start, n_full_lo, n_full_hi, n_end)
+        b_dq = _dq_inner(
+            b_dq,
+            b_q,
+            b_do,
+            lse2,
+            b_delta,
+            offs_m,
+            lo,
+            hi,
+            qseg,
+            row_hash,
+            k_base,
+            v_base,
+            bias_base,
+            mask_base,
+            KSeg + i_b64 * S,
+            sm_scale,
+            softcap,
+            drop_scale,
+            S,
+            n_lo,
+            n_hi,
+            KH,
+            D,
+            DV,
+            BLOCK_D,
+            BLOCK_DV,
+            BLOCK_M,
+            BLOCK_N,
+            PART != 1,
+            HAS_BIAS,
+            HAS_MASK,
+            HAS_SEG,
+            HAS_SOFTCAP,
+            DROP_THRESH,
+        )
     _store_tile(DQ + i_b64 * T * (H * D) + i_h * D, b_dq * sm_scale, offs_m, H * D, T, D, BLOCK_D)
 
 
@@ -1102,19 +999,11 @@ def _attn_bwd_dbias(
     for bb in range(b_count):
         i_b = b_first + bb
         i_b64 = i_b.to(tl.int64)
-        if HAS_SEG:
-            qseg = tl.load(QSeg + i_b64 * T + offs_m, mask=row_ok, other=-1)
-            kseg = tl.load(KSeg + i_b64 * S + offs_n, mask=offs_n < S, other=-2)
-        else:
-            qseg = offs_m
-            kseg = offs_n
+        qseg = _seg_ids(QSeg + i_b64 * T, offs_m, T, -1, HAS_SEG)
+        kseg = _seg_ids(KSeg + i_b64 * S, offs_n, S, -2, HAS_SEG)
         for hh in range(h_count):
             i_h = h_first + hh
             i_kh = i_h // (H // KH)
-            mask_base = Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh
-            ok = _allowed(
-                ii, jj, lo[:, None], hi[:, None], mask_base, qseg[:, None], kseg[None, :], S, HAS_MASK, HAS_SEG
-            )
             b_q = _load_tile(Q + i_b64 * T * (H * D) + i_h * D, offs_m, H * D, T, D, BLOCK_D, True)
             b_do = _load_tile(DO + i_b64 * T * (H * DV) + i_h * DV, offs_m, H * DV, T, DV, BLOCK_DV, True)
             b_k = _load_tile(K + i_b64 * S * (KH * D) + i_kh * D, offs_n, KH * D, S, D, BLOCK_D, True)
@@ -1122,15 +1011,32 @@ def _attn_bwd_dbias(
             lse2 = _load_lse2(LSE + (i_b64 * H + i_h) * T, offs_m, T)
             b_delta = tl.load(Delta + (i_b64 * H + i_h) * T + offs_m, mask=row_ok, other=0.0)
             b_qk = _mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
-            b_s, b_t = _scores(b_qk, ii, jj, ok, bias_base, sm_scale, softcap, S, True, True, HAS_SOFTCAP)
-            b_p = tl.where(ok, tl.exp2(b_s - lse2[:, None]), 0.0)
+            b_s, b_t = _tile_scores(
+                b_qk,
+                ii,
+                jj,
+                lo[:, None],
+                hi[:, None],
+                qseg[:, None],
+                kseg[None, :],
+                Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh,
+                bias_base,
+                sm_scale,
+                softcap,
+                S,
+                True,
+                True,
+                HAS_MASK,
+                HAS_SEG,
+                HAS_SOFTCAP,
+            )
+            b_p = tl.exp2(b_s - lse2[:, None])
             b_dp = _mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
             if DROP_THRESH > 0:
-                keep = _dropout_keep(_row_hash(tl.load(Seed), i_b * H + i_h, offs_m)[:, None], jj, DROP_THRESH)
-                b_dp = tl.where(keep, b_dp * drop_scale, 0.0)
-            b_ds = b_p * (b_dp - b_delta[:, None])
-            if HAS_SOFTCAP:
-                b_ds = b_ds * (1.0 - b_t * b_t)
-            b_acc += b_ds
+                row_hash = _row_hash(tl.load(Seed), i_b * H + i_h, offs_m)
+            else:
+                row_hash = offs_m
+            keep = _keep_mask(row_hash[:, None], jj, DROP_THRESH)
+            b_acc += _dscores(b_p, b_dp, b_delta[:, None], b_t, keep, drop_scale, HAS_SOFTCAP, DROP_THRESH)
     p_db = DBias + (b_first.to(tl.int64) * NBH + h_first) * T * S + ii.to(tl.int64) * S + jj
     tl.store(p_db, b_acc.to(DBias.dtype.element_ty), mask=(ii < T) & (jj < S))

@@ -80,20 +80,19 @@ def _smem_fwd(bm: int, bn: int, stages: int, bd: int, bdv: int, e: int) -> int:
 
 
 def _smem_bwd(bm: int, bn: int, stages: int, bd: int, bdv: int, e: int) -> int:
-    # dK/dV kernel: resident K, V; buffered Q, dO (+ the transposed P/dS tile);
-    # dQ kernel: resident Q, dO; buffered K, V. The larger of the two.
-    dkdv = e * (bn * (bd + bdv) + stages * bm * (bd + bdv) + bm * bn)
-    dq = e * (bm * (bd + bdv) + stages * bn * (bd + bdv) + bm * bn)
-    return max(dkdv, dq)
+    # With the backward's tile rule (see _backward) both kernels hold bn rows (dK/dV: K, V; dQ: Q,
+    # dO) and stream bm rows (dK/dV: Q, dO; dQ: K, V), plus one [bn, bm] P/dS tile.
+    return e * (bn * (bd + bdv) + stages * bm * (bd + bdv) + bm * bn)
 
 
 def _regs_ok(stage: str, bm: int, bn: int, warps: int, bd: int, bdv: int) -> bool:
-    # float32 accumulators and score tiles per thread; past ~200 the kernel spills
+    # float32 accumulators and score tiles per thread; past ~200 the kernel spills. Backward: the
+    # dK/dV kernel's dK and dV accumulators (bn rows) outweigh the dQ kernel's dQ (bn rows too).
     threads = 32 * warps
     if stage == "fwd":
         live = bm * bdv + bm * bn
     else:
-        live = max(bn * (bd + bdv) + 2 * bm * bn, bm * bd + 2 * bm * bn)
+        live = bn * (bd + bdv) + 2 * bm * bn
     return live / threads <= 200
 
 
@@ -105,8 +104,15 @@ def _fits(stage: str, bm: int, bn: int, warps: int, stages: int, bd: int, bdv: i
 def _heuristic_tuple(
     stage: str, d: int, dv: int, e: int, t: int = 1 << 20, s: int = 1 << 20
 ) -> tuple[int, int, int, int]:
-    """Hopper (H100/H200) starting points, after the Triton fused-attention tutorial and FA2;
-    blocks no longer than the (power-of-two rounded) sequences they tile."""
+    """Hopper (H100/H200) launch configs; blocks no longer than the (power-of-two rounded)
+    sequences they tile.
+
+    Forward: after the Triton fused-attention tutorial; on an H200 (bf16, D=128, T=S=8192) no
+    other config of a sweep was more than 1% faster. Backward: ``(q_blocksize, kv_blocksize)``
+    = (streamed, held) tiles of both backward kernels (see ``_backward``). D=128: the best of a
+    sweep on an H200 (64 x 128, 8 warps, 3 stages; forward+backward 1.9x the symmetric 64 x 64
+    it replaced, see BENCHMARKS.md). D=64 takes the same tiles (measured, not swept); D=256 keeps
+    the held tile the longer and was not measured."""
     bd = max(_pow2(d), _pow2(dv))
     if stage == "fwd":
         if bd <= 64:
@@ -117,13 +123,16 @@ def _heuristic_tuple(
             cfg = (64, 64, 4, 2)
     else:
         if bd <= 64:
-            cfg = (64, 64, 4, 3)
+            cfg = (64, 128, 8, 3)
         elif bd <= 128:
-            cfg = (64, 64, 8, 2)
+            cfg = (64, 128, 8, 3)
         else:
-            cfg = (64, 32, 8, 2)
+            cfg = (32, 64, 8, 2)
     bm, bn, warps, stages = cfg
-    bm, bn = min(bm, _pow2(t)), min(bn, _pow2(s))
+    if stage == "fwd":
+        bm, bn = min(bm, _pow2(t)), min(bn, _pow2(s))
+    else:  # each backward block tiles queries in one kernel and keys in the other
+        bm, bn = min(bm, _pow2(t), _pow2(s)), min(bn, _pow2(t), _pow2(s))
     bdq, bdvq = _pow2(d), _pow2(dv)
     # float32 inputs (or odd head dims) may not fit: fewer stages, then smaller blocks.
     while not _fits(stage, bm, bn, warps, stages, bdq, bdvq, e):
@@ -156,8 +165,8 @@ def candidate_cfgs(invocation: Any, stage: str = "fwd") -> list[FwdParams | BwdP
         grid = itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))
     else:
         grid = itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (2, 3))
-    # no block much longer than the sequence it tiles
-    max_bm, max_bn = _pow2(t), _pow2(s)
+    # no block much longer than the sequence it tiles (backward blocks tile both, see _backward)
+    max_bm, max_bn = (_pow2(t), _pow2(s)) if stage == "fwd" else (min(_pow2(t), _pow2(s)),) * 2
     out = [_heuristic_tuple(stage, d, dv, e, t, s)]
     for bm, bn, warps, stages in grid:
         if bm > max_bm or bn > max_bn or not _fits(stage, bm, bn, warps, stages, bd, bdv, e):
@@ -198,7 +207,8 @@ class _Cfg:
     softcap: float | None
     dropout_prob: float
     fwd: tuple[int, int, int, int]  # (BM, BN, warps, stages)
-    bwd: tuple[int, int, int, int]
+    bwd: tuple[int, int, int, int]  # (streamed block, held block, warps, stages): see _backward
+    atomic_dq: bool = False  # dQ by float32 atomics in the dK/dV kernel instead of its own kernel
 
     @property
     def drop_thresh(self) -> int:
@@ -390,89 +400,141 @@ def _forward(cfg: _Cfg, q: Any, k: Any, v: Any, bias: Any, aux: dict[str, Any]) 
     return o, lse
 
 
-def _backward(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array) -> tuple[Any, Any, Any, Any]:
+def _bwd_delta(cfg: _Cfg, o: jax.Array, do: jax.Array) -> jax.Array:
+    """The pre-pass ``delta = rowsum(dO * O)`` ``[B, H, T]`` float32."""
     kern, launch = _kernels(), _launch_module()
-    q, k, v, bias, aux, o, lse = res
-    b, t, h, d = q.shape
-    s, kh, dv = k.shape[1], k.shape[2], v.shape[-1]
-    do = do.astype(q.dtype)
-    arrays, scalars, cx = _common(cfg, q, k, v, bias, aux)
-    bias_a, mask_a, qseg_a, kseg_a, lo_a, hi_a = arrays
-    bm, bn, warps, stages = cfg.bwd
-
+    b, t, h, dv = o.shape
+    held = cfg.bwd[1]
     (delta,) = launch.launch(
         kern._attn_bwd_delta,
         o,
         do,
         int(t),
         out_shape=(jax.ShapeDtypeStruct((b, h, t), jnp.float32),),
-        grid=(_cdiv(t, bm), h, b),
+        grid=(_cdiv(t, held), h, b),
         num_warps=4,
         num_stages=1,
         name="ejkernel_flash_attention_bwd_delta",
         H=h,
         DV=dv,
-        BLOCK_DV=cx["BLOCK_DV"],
-        BLOCK_M=bm,
+        BLOCK_DV=_pow2(dv),
+        BLOCK_M=held,
     )
-    # Every backward kernel reads the inputs with their masks and row intervals, then seed, dO, lse, delta.
-    rows = (q, k, v, bias_a, mask_a, qseg_a, kseg_a, lo_a, hi_a)
-    grads = (aux["seed"], do, lse, delta)
-    dk, dv_ = launch.launch(
+    return delta
+
+
+def _bwd_operands(
+    cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array
+) -> tuple[tuple[Any, ...], tuple[Any, ...], list[Any], dict[str, Any]]:
+    """What every backward kernel reads: the inputs with their masks and row intervals, then
+    (seed, dO, lse, delta), the scalars and the constexprs."""
+    q, k, v, bias, aux, o, lse = res
+    arrays, scalars, cx = _common(cfg, q, k, v, bias, aux)
+    return (q, k, v, *arrays), (aux["seed"], do, lse, delta), scalars, cx
+
+
+def _bwd_dkdv(
+    cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array
+) -> tuple[jax.Array, jax.Array, jax.Array | None]:
+    """dK, dV (and, with ``cfg.atomic_dq``, dQ; else None)."""
+    kern, launch = _kernels(), _launch_module()
+    q, k, v, bias, aux = res[:5]
+    b, t, h, d = q.shape
+    s, kh = k.shape[1], k.shape[2]
+    rows, grads, scalars, cx = _bwd_operands(cfg, res, do, delta)
+    stream, held, warps, stages = cfg.bwd
+    dq_acc = jax.ShapeDtypeStruct((b, t, h, d) if cfg.atomic_dq else (16,), jnp.float32)
+    dk, dv, dq_acc = launch.launch(
         kern._attn_bwd_dkdv,
         *rows,
         aux["col_lo"],
         aux["col_hi"],
         *grads,
         *scalars,
-        out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
-        grid=(_cdiv(s, bn), kh, b),
+        out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype), dq_acc),
+        grid=(_cdiv(s, held), kh, b),
         num_warps=warps,
         num_stages=stages,
+        zeroed_outputs=(2,) if cfg.atomic_dq else (),
         name="ejkernel_flash_attention_bwd_dkdv",
-        BLOCK_M=bm,
-        BLOCK_N=bn,
+        BLOCK_M=stream,
+        BLOCK_N=held,
         HAS_BIAS=bias is not None,
+        ATOMIC_DQ=cfg.atomic_dq,
         **cx,
     )
+    return dk, dv, dq_acc.astype(q.dtype) if cfg.atomic_dq else None
+
+
+def _bwd_dq(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array) -> jax.Array:
+    kern, launch = _kernels(), _launch_module()
+    q, bias = res[0], res[3]
+    b, t, h, _ = q.shape
+    rows, grads, scalars, cx = _bwd_operands(cfg, res, do, delta)
+    stream, held, warps, stages = cfg.bwd
     (dq,) = launch.launch(
         kern._attn_bwd_dq,
         *rows,
         *grads,
         *scalars,
         out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
-        grid=(_cdiv(t, bm), h, b),
+        grid=(_cdiv(t, held), h, b),
         num_warps=warps,
         num_stages=stages,
         name="ejkernel_flash_attention_bwd_dq",
-        BLOCK_M=bm,
-        BLOCK_N=bn,
+        BLOCK_M=held,
+        BLOCK_N=stream,
         HAS_BIAS=bias is not None,
         **cx,
     )
-    dbias = None
-    if bias is not None:
-        nb, nh = bias.shape[0], bias.shape[1]
-        sc = list(scalars)
-        sc.insert(3, int(b))  # the dBias kernel also takes B (it sums over a broadcast batch)
-        (dbias,) = launch.launch(
-            kern._attn_bwd_dbias,
-            *rows,
-            *grads,
-            *sc,
-            out_shape=(jax.ShapeDtypeStruct(bias.shape, bias.dtype),),
-            grid=(_cdiv(t, bm) * _cdiv(s, bn), nh, nb),
-            num_warps=warps,
-            num_stages=1,
-            name="ejkernel_flash_attention_bwd_dbias",
-            BLOCK_M=bm,
-            BLOCK_N=bn,
-            NBH=nh,
-            BIAS_BCAST_B=(nb == 1 and b > 1),
-            BIAS_BCAST_H=(nh == 1 and h > 1),
-            **cx,
-        )
-    return dq, dk, dv_, dbias
+    return dq
+
+
+def _bwd_dbias(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array) -> jax.Array:
+    kern, launch = _kernels(), _launch_module()
+    q, k, bias = res[0], res[1], res[3]
+    b, t, h, _ = q.shape
+    s = k.shape[1]
+    rows, grads, scalars, cx = _bwd_operands(cfg, res, do, delta)
+    stream, held, warps, _ = cfg.bwd
+    nb, nh = bias.shape[0], bias.shape[1]
+    scalars.insert(3, int(b))  # the dBias kernel also takes B (it sums over a broadcast batch)
+    (dbias,) = launch.launch(
+        kern._attn_bwd_dbias,
+        *rows,
+        *grads,
+        *scalars,
+        out_shape=(jax.ShapeDtypeStruct(bias.shape, bias.dtype),),
+        grid=(_cdiv(t, held) * _cdiv(s, stream), nh, nb),
+        num_warps=warps,
+        num_stages=1,
+        name="ejkernel_flash_attention_bwd_dbias",
+        BLOCK_M=held,
+        BLOCK_N=stream,
+        NBH=nh,
+        BIAS_BCAST_B=(nb == 1 and b > 1),
+        BIAS_BCAST_H=(nh == 1 and h > 1),
+        **cx,
+    )
+    return dbias
+
+
+def _backward(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array) -> tuple[Any, Any, Any, Any]:
+    """dQ, dK, dV, dBias (None without a bias): the delta pre-pass, then the dK/dV and dQ kernels.
+
+    The tile rule (FA2): ``cfg.bwd = (q_blocksize, kv_blocksize, ...)`` names the dK/dV kernel's
+    tiles, which holds ``kv_blocksize`` keys and streams ``q_blocksize`` queries; the dQ kernel
+    takes the transpose, holding ``kv_blocksize`` queries and streaming ``q_blocksize`` keys. So
+    ``kv_blocksize`` is the long held tile of both kernels and ``q_blocksize`` the short streamed
+    one (the dBias kernel's tile is ``kv_blocksize`` queries by ``q_blocksize`` keys)."""
+    q, bias = res[0], res[3]
+    do = do.astype(q.dtype)
+    delta = _bwd_delta(cfg, res[5], do)
+    dk, dv, dq = _bwd_dkdv(cfg, res, do, delta)
+    if dq is None:
+        dq = _bwd_dq(cfg, res, do, delta)
+    dbias = _bwd_dbias(cfg, res, do, delta) if bias is not None else None
+    return dq, dk, dv, dbias
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
