@@ -5,8 +5,7 @@ forward and forward+backward; every forward candidate (``FwdParams``: query bloc
 warps, stages); every backward candidate (``BwdParams``, read by the tile rule of
 ``interface._backward``: the dK/dV kernel holds ``kv_blocksize`` keys and streams ``q_blocksize``
 queries, the dQ kernel the transpose) as forward+backward with the forward at its heuristic, plus
-each backward kernel alone (delta pre-pass, dK/dV, dQ); and, with ``--atomic``, backward candidates
-whose dQ is added by float32 atomics inside the dK/dV kernel instead of its own kernel.
+each backward kernel alone (delta pre-pass, dK/dV, dQ).
 
 Method and FLOPs as ``flash_attention_gpu.py`` (whose helpers this imports): inputs seeded the same
 way, every timed output checked against the float32 reference first, two warm-ups then the median of
@@ -19,7 +18,6 @@ way, every timed output checked against the float32 reference first, two warm-up
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
@@ -46,7 +44,6 @@ BWD_CANDS: dict[int, list[Cand]] = {
     128: [(64, 128, 8, 3), (64, 64, 8, 2), (64, 128, 8, 2), (32, 128, 8, 3), (32, 64, 8, 3), (16, 128, 8, 2)],
     64: [(64, 128, 8, 3), (64, 64, 4, 3), (32, 128, 8, 3), (64, 128, 8, 2), (16, 128, 4, 4), (32, 64, 4, 3)],
 }
-ATOMIC_CANDS: dict[int, list[Cand]] = {128: [(32, 128, 8, 3), (64, 128, 8, 3)], 64: [(32, 128, 8, 3)]}
 
 
 def parse_cands(text: str | None, default: list[Cand]) -> list[Cand]:
@@ -64,7 +61,7 @@ def rel_err(got: Any, want: Any) -> float:
     return err if err == err and err != float("inf") and bool(jnp.all(jnp.isfinite(got))) else float("inf")
 
 
-def attention_fn(causal: bool, fwd: Cand | None, bwd: Cand | None, atomic: bool = False) -> Callable[..., Any]:
+def attention_fn(causal: bool, fwd: Cand | None, bwd: Cand | None) -> Callable[..., Any]:
     """ejkernel-triton's flash attention (its custom_vjp) at the given launch configs."""
     from ejkernel.kernels.params import BwdParams, FwdParams
 
@@ -76,7 +73,7 @@ def attention_fn(causal: bool, fwd: Cand | None, bwd: Cand | None, atomic: bool 
     def fn(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
         kw = {**itf._DEFAULTS, "causal": causal, "fwd_params": fp, "bwd_params": bp}
         cfg, aux = itf._prepare(q, k, v, None, **kw)
-        return itf._attention(dataclasses.replace(cfg, atomic_dq=atomic), q, k, v, None, aux)
+        return itf._attention(cfg, q, k, v, None, aux)
 
     return fn
 
@@ -94,7 +91,7 @@ def kernel_parts(causal: bool, bwd: Cand, q: jax.Array, k: jax.Array, v: jax.Arr
     delta = jax.jit(lambda o, do: itf._bwd_delta(cfg, o, do))(o, do)
     fns = {
         "delta_ms": (jax.jit(lambda o, do: itf._bwd_delta(cfg, o, do)), (o, do)),
-        "dkdv_ms": (jax.jit(lambda res, do, delta: itf._bwd_dkdv(cfg, res, do, delta)[:2]), (res, do, delta)),
+        "dkdv_ms": (jax.jit(lambda res, do, delta: itf._bwd_dkdv(cfg, res, do, delta)), (res, do, delta)),
         "dq_ms": (jax.jit(lambda res, do, delta: itf._bwd_dq(cfg, res, do, delta)), (res, do, delta)),
     }
     return {name: time_fn(f, *args) * 1e3 for name, (f, args) in fns.items()}
@@ -194,12 +191,6 @@ def sweep_shape(sw: Sweep, shape: tuple[int, int, int, int], args: argparse.Name
                     sw.save()
                 except Exception as e:  # noqa: BLE001
                     row["parts_error"] = f"{type(e).__name__}: {str(e)[:300]}"
-    if args.atomic:
-        for c in parse_cands(args.atomic_cands, ATOMIC_CANDS.get(d, [])):
-            for causal in (False, True):
-                if not sw.over_budget():
-                    fn = attention_fn(causal, None, c, atomic=True)
-                    sw.measure("bwd atomic-dq", list(c), fn, shape, causal, True, data, refs[causal][1])
     if args.peers == "start+end":  # peers again at the end: how much the machine drifted over the sweep
         for bwd in (False, True):
             for causal in (False, True):
@@ -211,24 +202,20 @@ def summary(rows: list[dict[str, Any]]) -> None:
     keys = sorted(
         {(r["B"], r["H"], r["T"], r["D"], r["causal"], r["pass"]) for r in rows}, key=lambda x: (-x[2], -x[3])
     )
-    print("| shape | causal | pass | cuDNN | best triton (cfg) | ratio | heuristic (first cfg) | atomic-dQ best |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| shape | causal | pass | cuDNN | best triton (cfg) | ratio | heuristic (first cfg) |")
+    print("|---|---|---|---|---|---|---|")
     for key in keys:
         same = [r for r in rows if (r["B"], r["H"], r["T"], r["D"], r["causal"], r["pass"]) == key and "tflops" in r]
         peer = [r["tflops"] for r in same if r["kind"].startswith("cudnn")]
         ours = [r for r in same if r["kind"] in ("fwd", "bwd")]
-        atomic = [r for r in same if r["kind"] == "bwd atomic-dq"]
         if not ours:
             continue
         best = max(ours, key=lambda r: r["tflops"])
         cud = max(peer) if peer else float("nan")
-        at = max(atomic, key=lambda r: r["tflops"]) if atomic else None
         print(
             f"| B{key[0]} H{key[1]} T{key[2]} D{key[3]} | {key[4]} | {key[5]} | {cud:.0f} | "
             f"{best['tflops']:.0f} ({'x'.join(map(str, best['cfg']))}) | {best['tflops'] / cud:.2f} | "
-            f"{ours[0]['tflops']:.0f} | "
-            + (f"{at['tflops']:.0f} ({'x'.join(map(str, at['cfg']))})" if at else "")
-            + " |"
+            f"{ours[0]['tflops']:.0f} |"
         )
     for r in rows:
         if "error" in r:
@@ -250,8 +237,6 @@ def main() -> None:
     )
     parser.add_argument("--bwd", default=None, help="backward candidates q_blocksize x kv_blocksize x warps x stages")
     parser.add_argument("--parts", action="store_true", help="also time each backward kernel alone")
-    parser.add_argument("--atomic", action="store_true", help="also time dQ by atomics in the dK/dV kernel")
-    parser.add_argument("--atomic-cands", default=None)
     parser.add_argument(
         "--peers", choices=("start+end", "start", "none"), default="start+end", help="when to time cuDNN"
     )

@@ -16,7 +16,6 @@ unmasked tiles, skipped tiles).
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -96,7 +95,7 @@ def _close(name: str, got: jax.Array, want: jax.Array, dtype, rng) -> None:
     assert err <= bound, f"{name}: max abs error {err:.3g} > {bound:.3g} (seed {_seed_of(rng)})"
 
 
-def check(rng, q, k, v, bias=None, *, bwd_params=BP, atomic_dq=False, **kw) -> tuple[jax.Array, jax.Array]:
+def check(rng, q, k, v, bias=None, *, bwd_params=BP, **kw) -> tuple[jax.Array, jax.Array]:
     """Compare output, lse and every gradient with the reference; returns (out, lse).
 
     To keep the interpreter's time down this drives the custom_vjp's two halves directly (one
@@ -104,7 +103,6 @@ def check(rng, q, k, v, bias=None, *, bwd_params=BP, atomic_dq=False, **kw) -> t
     wiring through jax.grad / jax.jit."""
     dtype = q.dtype.type
     cfg, aux = _prepare(q, k, v, bias, **{**_DEFAULTS, **kw, "fwd_params": FP, "bwd_params": bwd_params})
-    cfg = dataclasses.replace(cfg, atomic_dq=atomic_dq)
     out, lse = _forward(cfg, q, k, v, bias, aux)
     ref_out, ref_lse = reference(q, k, v, bias, return_lse=True, **kw)
     assert out.dtype == q.dtype and lse.dtype == jnp.float32
@@ -195,11 +193,6 @@ def test_backward_tile_rule(rng, bwd_params):
     # the dK/dV kernel holds kv_blocksize keys, the dQ kernel kv_blocksize queries (interface._backward):
     # unequal blocks on ragged causal shapes, both ways round
     check(rng, *_qkv(rng, 1, 45, 70, 2, 1, 32), bwd_params=bwd_params, causal=True)
-
-
-def test_atomic_dq(rng):
-    q, k, v = _qkv(rng, 1, 45, 70, 2, 1, 32)
-    check(rng, q, k, v, bwd_params=BwdParams(q_blocksize=16, kv_blocksize=32), atomic_dq=True, causal=True)
 
 
 @pytest.mark.parametrize(

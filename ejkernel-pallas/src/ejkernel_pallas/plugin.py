@@ -20,7 +20,15 @@ if TYPE_CHECKING:
 
 # op -> module of its Mosaic TPU implementation (each exports the op's function, its ``_interpret``
 # twin, ``supports``, ``heuristic_cfg`` and ``candidate_cfgs``).
-TPU_OPS = {"flash_attention": "ejkernel_pallas.tpu.flash_attention"}
+TPU_OPS = {
+    "block_sparse_attention": "ejkernel_pallas.tpu.block_sparse_attention",
+    "flash_attention": "ejkernel_pallas.tpu.flash_attention",
+    "grouped_matmul": "ejkernel_pallas.tpu.grouped_matmul",
+    "multi_head_latent_attention": "ejkernel_pallas.tpu.multi_head_latent_attention",
+    "page_attention": "ejkernel_pallas.tpu.page_attention",
+    "ragged_decode_attention": "ejkernel_pallas.tpu.ragged_decode_attention",
+    "ragged_page_attention": "ejkernel_pallas.tpu.ragged_page_attention",
+}
 
 
 def interpret_enabled() -> bool:

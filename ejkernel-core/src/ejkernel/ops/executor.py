@@ -91,8 +91,12 @@ class Executor:
         backend = backend if backend not in (None, "auto") else (cfg.backend if cfg and cfg.backend != "auto" else None)
         run_on = backend or current_backend()
         inv = Invocation.create(kernel.op_id, arguments, run_on)
-        impls = self.registry.implementations(kernel.op_id, platform=platform, backend=run_on)
-        forced = f"platform {platform!r}" if platform else None
+        # "platform:backend" names one implementation exactly (e.g. "xla:any" vs cuDNN's "xla:gpu").
+        platform, _, registered_for = (platform or "").partition(":")
+        impls = self.registry.implementations(kernel.op_id, platform=platform or None, backend=run_on)
+        if registered_for:
+            impls = [i for i in impls if i.backend == registered_for]
+        forced = f"platform {platform + (':' + registered_for if registered_for else '')!r}" if platform else None
 
         dynamic = {k: v for k, v in arguments.items() if is_array(v)}
         static = {k: v for k, v in arguments.items() if k not in dynamic}

@@ -542,7 +542,6 @@ def _dkdv_inner(
     bias_base,
     mask_base,
     qseg_base,
-    dq_base,
     row_hash_seed,
     sm_scale,
     softcap,
@@ -564,10 +563,8 @@ def _dkdv_inner(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     DROP_THRESH: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr,
 ):
-    """Accumulate dK, dV of one key block over the query blocks ``[m_start, m_stop)`` of one head;
-    with ``ATOMIC_DQ`` also add this key block's share of dQ to ``dq_base`` (float32) atomically.
+    """Accumulate dK, dV of one key block over the query blocks ``[m_start, m_stop)`` of one head.
 
     Tiles are kept transposed (keys along dim 0, ``[BN, BM]``) so that the key block stays the
     row dimension of every dot: dV += P^T dO and dK += dS^T Q need no register transposes."""
@@ -614,11 +611,6 @@ def _dkdv_inner(
         b_dv = _mma(b_pdT.to(b_do.dtype), b_do, b_dv)  # [BN, BDV]
         b_dsT = _dscores(b_pT, b_dpT, b_delta[None, :], b_tT, keep, drop_scale, HAS_SOFTCAP, DROP_THRESH)
         b_dk = _mma(b_dsT.to(b_q.dtype), b_q, b_dk)  # [BN, BD]
-        if ATOMIC_DQ:
-            b_dq = _mma(tl.trans(b_dsT.to(b_k.dtype)), b_k, tl.zeros([BLOCK_M, BLOCK_D], tl.float32))  # [BM, BD]
-            cols = tl.arange(0, BLOCK_D)
-            p_dq = dq_base + offs_m.to(tl.int64)[:, None] * (H * D) + cols[None, :]
-            tl.atomic_add(p_dq, b_dq * sm_scale, mask=(offs_m < T)[:, None] & (cols < D)[None, :], sem="relaxed")
     return b_dk, b_dv
 
 
@@ -650,7 +642,6 @@ def _attn_bwd_dkdv(
     mask_sh,
     DKey,
     DVal,
-    DQAcc,
     H: tl.constexpr,
     KH: tl.constexpr,
     D: tl.constexpr,
@@ -664,12 +655,10 @@ def _attn_bwd_dkdv(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     DROP_THRESH: tl.constexpr,
-    ATOMIC_DQ: tl.constexpr,
 ):
     """One program: BLOCK_N keys of one (batch, kv head); loops over the H // KH query heads that
     share it (GQA) and over their query blocks, so dK/dV are summed in registers and written
-    once (deterministic, no atomics). Grid ``(cdiv(S, BN), KH, B)``. ``ATOMIC_DQ``: dQ too, as
-    float32 atomic adds into the zeroed ``DQAcc [B, T, H, D]`` (not deterministic; replaces the dQ kernel)."""
+    once (deterministic, no atomics). Grid ``(cdiv(S, BN), KH, B)``."""
     GROUP = H // KH
     pid_n = tl.program_id(0)
     i_kh = tl.program_id(1)
@@ -716,7 +705,6 @@ def _attn_bwd_dkdv(
                 Bias + i_b64 * bias_sb + i_h.to(tl.int64) * bias_sh,
                 Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh,
                 QSeg + i_b64 * T,
-                DQAcc + i_b64 * T * (H * D) + i_h * D,
                 row_hash_seed,
                 sm_scale,
                 softcap,
@@ -738,7 +726,6 @@ def _attn_bwd_dkdv(
                 HAS_SEG,
                 HAS_SOFTCAP,
                 DROP_THRESH,
-                ATOMIC_DQ,
             )
 
     _store_tile(DKey + i_b64 * S * (KH * D) + i_kh * D, b_dk * sm_scale, offs_n, KH * D, S, D, BLOCK_D)

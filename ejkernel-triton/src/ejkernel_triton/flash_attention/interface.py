@@ -208,7 +208,6 @@ class _Cfg:
     dropout_prob: float
     fwd: tuple[int, int, int, int]  # (BM, BN, warps, stages)
     bwd: tuple[int, int, int, int]  # (streamed block, held block, warps, stages): see _backward
-    atomic_dq: bool = False  # dQ by float32 atomics in the dK/dV kernel instead of its own kernel
 
     @property
     def drop_thresh(self) -> int:
@@ -433,37 +432,30 @@ def _bwd_operands(
     return (q, k, v, *arrays), (aux["seed"], do, lse, delta), scalars, cx
 
 
-def _bwd_dkdv(
-    cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array
-) -> tuple[jax.Array, jax.Array, jax.Array | None]:
-    """dK, dV (and, with ``cfg.atomic_dq``, dQ; else None)."""
+def _bwd_dkdv(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array) -> tuple[jax.Array, jax.Array]:
     kern, launch = _kernels(), _launch_module()
-    q, k, v, bias, aux = res[:5]
-    b, t, h, d = q.shape
-    s, kh = k.shape[1], k.shape[2]
+    k, v, bias, aux = res[1:5]
+    b, s, kh, _ = k.shape
     rows, grads, scalars, cx = _bwd_operands(cfg, res, do, delta)
     stream, held, warps, stages = cfg.bwd
-    dq_acc = jax.ShapeDtypeStruct((b, t, h, d) if cfg.atomic_dq else (16,), jnp.float32)
-    dk, dv, dq_acc = launch.launch(
+    dk, dv = launch.launch(
         kern._attn_bwd_dkdv,
         *rows,
         aux["col_lo"],
         aux["col_hi"],
         *grads,
         *scalars,
-        out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype), dq_acc),
+        out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
         grid=(_cdiv(s, held), kh, b),
         num_warps=warps,
         num_stages=stages,
-        zeroed_outputs=(2,) if cfg.atomic_dq else (),
         name="ejkernel_flash_attention_bwd_dkdv",
         BLOCK_M=stream,
         BLOCK_N=held,
         HAS_BIAS=bias is not None,
-        ATOMIC_DQ=cfg.atomic_dq,
         **cx,
     )
-    return dk, dv, dq_acc.astype(q.dtype) if cfg.atomic_dq else None
+    return dk, dv
 
 
 def _bwd_dq(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array) -> jax.Array:
@@ -530,9 +522,8 @@ def _backward(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array) -> tuple[Any, Any,
     q, bias = res[0], res[3]
     do = do.astype(q.dtype)
     delta = _bwd_delta(cfg, res[5], do)
-    dk, dv, dq = _bwd_dkdv(cfg, res, do, delta)
-    if dq is None:
-        dq = _bwd_dq(cfg, res, do, delta)
+    dk, dv = _bwd_dkdv(cfg, res, do, delta)
+    dq = _bwd_dq(cfg, res, do, delta)
     dbias = _bwd_dbias(cfg, res, do, delta) if bias is not None else None
     return dq, dk, dv, dbias
 

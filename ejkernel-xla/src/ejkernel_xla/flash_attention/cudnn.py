@@ -1,25 +1,28 @@
 """cuDNN's fused attention through ``jax.nn.dot_product_attention(implementation="cudnn")``, for NVIDIA GPUs.
 
 It serves the plain and causal cases in half precision, where it is among the fastest kernels
-there are; ``supports`` declines everything else so the chain picks another implementation.
+there are; ``supports`` declines everything else so the chain picks another implementation. The call
+into cuDNN and the dtype/head-dim checks are those of ``scaled_dot_product_attention``'s cuDNN path
+(``ejkernel_xla.scaled_dot_product_attention.cudnn``), which has jax's semantics; this module maps
+``flash_attention``'s options onto it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import jax
+from ejkernel_xla.scaled_dot_product_attention.cudnn import dot_product_attention, heuristic_cfg, unsupported_inputs
 
-from ejkernel.kernels.params import BwdParams, FwdParams
+# The head dims measured on the H200 (BENCHMARKS.md).
+HEAD_DIMS = (64, 128)
 
 
 def supports(inv: Any) -> str | None:
     a = inv.arguments
     q, k, v = a["query"], a["key"], a["value"]
-    if str(q.dtype) not in ("bfloat16", "float16"):
-        return f"cuDNN attention needs bfloat16 or float16, got {q.dtype}"
-    if q.shape[-1] not in (64, 128) or v.shape[-1] != q.shape[-1]:
-        return f"cuDNN attention here serves head dims 64 and 128 with Dv == D, got D={q.shape[-1]}, Dv={v.shape[-1]}"
+    reason = unsupported_inputs(q, v, HEAD_DIMS)
+    if reason is not None:
+        return reason
     for name in ("bias", "attention_mask", "q_segment_ids", "cu_seqlens_q", "sliding_window", "logits_soft_cap"):
         if a.get(name) is not None:
             return f"{name} is not served by the cuDNN path"
@@ -28,10 +31,6 @@ def supports(inv: Any) -> str | None:
     if a.get("causal") and q.shape[1] != k.shape[1]:
         return "causal with T != S (bottom-right alignment) is not served by the cuDNN path"
     return None
-
-
-def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
-    return FwdParams() if stage == "fwd" else BwdParams()  # cuDNN picks its own launch parameters
 
 
 def flash_attention(
@@ -55,6 +54,7 @@ def flash_attention(
     bwd_params=None,
 ):
     """``flash_attention`` on cuDNN (only what ``supports`` admits reaches here)."""
-    return jax.nn.dot_product_attention(
-        query, key, value, scale=softmax_scale, is_causal=causal, implementation="cudnn"
-    )
+    return dot_product_attention(query, key, value, scale=softmax_scale, is_causal=causal)
+
+
+__all__ = ["flash_attention", "heuristic_cfg", "supports"]

@@ -11,7 +11,19 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from ejkernel.kernels.signatures import attention as _attention
+from ejkernel.kernels.signatures import block_sparse_attention as _block_sparse_attention
 from ejkernel.kernels.signatures import flash_attention as _flash_attention
+from ejkernel.kernels.signatures import gated_delta_rule as _gated_delta_rule
+from ejkernel.kernels.signatures import grouped_matmul as _grouped_matmul
+from ejkernel.kernels.signatures import mean_pooling as _mean_pooling
+from ejkernel.kernels.signatures import multi_head_latent_attention as _multi_head_latent_attention
+from ejkernel.kernels.signatures import native_sparse_attention as _native_sparse_attention
+from ejkernel.kernels.signatures import page_attention as _page_attention
+from ejkernel.kernels.signatures import ragged_decode_attention as _ragged_decode_attention
+from ejkernel.kernels.signatures import ragged_page_attention as _ragged_page_attention
+from ejkernel.kernels.signatures import ring_attention as _ring_attention
+from ejkernel.kernels.signatures import scaled_dot_product_attention as _scaled_dot_product_attention
 
 
 class OpSpec:
@@ -33,6 +45,78 @@ OPS: dict[str, OpSpec] = {
         _flash_attention.flash_attention,
         _flash_attention.validate,
         provided_by=("ejkernel-xla", "ejkernel-triton", "ejkernel-pallas", "ejkernel-cuda"),
+    ),
+    "multi_head_latent_attention": OpSpec(
+        "multi_head_latent_attention",
+        _multi_head_latent_attention.multi_head_latent_attention,
+        _multi_head_latent_attention.validate,
+        provided_by=("ejkernel-xla", "ejkernel-pallas"),
+    ),
+    "gated_delta_rule": OpSpec(
+        "gated_delta_rule",
+        _gated_delta_rule.gated_delta_rule,
+        _gated_delta_rule.validate,
+        provided_by=("ejkernel-xla",),
+    ),
+    "mean_pooling": OpSpec(
+        "mean_pooling",
+        _mean_pooling.mean_pooling,
+        _mean_pooling.validate,
+        provided_by=("ejkernel-xla",),
+    ),
+    "grouped_matmul": OpSpec(
+        "grouped_matmul",
+        _grouped_matmul.grouped_matmul,
+        _grouped_matmul.validate,
+        provided_by=("ejkernel-xla", "ejkernel-pallas"),
+    ),
+    "ring_attention": OpSpec(
+        "ring_attention",
+        _ring_attention.ring_attention,
+        _ring_attention.validate,
+        provided_by=("ejkernel-xla",),
+    ),
+    "page_attention": OpSpec(
+        "page_attention",
+        _page_attention.page_attention,
+        _page_attention.validate,
+        provided_by=("ejkernel-xla", "ejkernel-pallas"),
+    ),
+    "ragged_page_attention": OpSpec(
+        "ragged_page_attention",
+        _ragged_page_attention.ragged_page_attention,
+        _ragged_page_attention.validate,
+        provided_by=("ejkernel-xla", "ejkernel-pallas"),
+    ),
+    "ragged_decode_attention": OpSpec(
+        "ragged_decode_attention",
+        _ragged_decode_attention.ragged_decode_attention,
+        _ragged_decode_attention.validate,
+        provided_by=("ejkernel-xla", "ejkernel-pallas"),
+    ),
+    "attention": OpSpec(
+        "attention",
+        _attention.attention,
+        _attention.validate,
+        provided_by=("ejkernel-xla",),
+    ),
+    "scaled_dot_product_attention": OpSpec(
+        "scaled_dot_product_attention",
+        _scaled_dot_product_attention.scaled_dot_product_attention,
+        _scaled_dot_product_attention.validate,
+        provided_by=("ejkernel-xla",),
+    ),
+    "block_sparse_attention": OpSpec(
+        "block_sparse_attention",
+        _block_sparse_attention.block_sparse_attention,
+        _block_sparse_attention.validate,
+        provided_by=("ejkernel-xla", "ejkernel-pallas"),
+    ),
+    "native_sparse_attention": OpSpec(
+        "native_sparse_attention",
+        _native_sparse_attention.native_sparse_attention,
+        _native_sparse_attention.validate,
+        provided_by=("ejkernel-xla",),
     ),
     # (one entry per op above this line, in the order of the catalogue)
 }

@@ -88,7 +88,8 @@ def flash_attention(
         logits_soft_cap: ``cap * tanh(scores / cap)`` before masking.
         dropout_prob, dropout_seed: attention dropout, the same mask for a seed on every backend.
         cu_seqlens_q, cu_seqlens_k: ``[N+1]`` offsets of packed sequences (B must be 1).
-        platform: restrict to one kernel platform (``"xla"``, ``"triton"``, ...); default: any.
+        platform: restrict to one kernel platform (``"xla"``, ``"triton"``, ...), or to one implementation
+            (``"xla:gpu"``, cuDNN's, beside ``"xla:any"``); default: any.
         backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
         cfg: a ``FlashAttentionConfig`` that overrides the config chain (never cached).
         mesh, in_specs, out_specs: run under ``jax.shard_map``; ``in_specs`` has one spec per array passed.

@@ -60,9 +60,10 @@ def assert_close(got: Any, want: Any, rtol: float, what: str, seed: int) -> None
 
 
 def call_forced(fn: Any, impl: Any, *args: Any, **kwargs: Any) -> Any:
-    """The public function ``fn`` with the implementation under test forced (its platform and backend)."""
+    """The public function ``fn`` with exactly the implementation under test forced (``platform="name:backend"``,
+    so that another implementation of the same platform, e.g. cuDNN's ``xla:gpu`` beside ``xla:any``, is not used)."""
     backend = None if impl.backend == "any" else impl.backend
-    return fn(*args, platform=impl.platform, backend=backend, **kwargs)
+    return fn(*args, platform=impl.name, backend=backend, **kwargs)
 
 
 def jitted(fn: Any, **kwargs: Any) -> Any:

@@ -1,0 +1,156 @@
+"""The ``multi_head_latent_attention`` contract (DeepSeek MLA in absorbed form; alias ``flash_mla``).
+
+Shapes: B batch, T query length, S key length, H query heads, Dl latent dim (the value dim),
+Dr rotary dim, D = Dl + Dr the query/key dim; paged: P cache pages, page tokens per page,
+maxp pages per sequence.
+
+Every head attends one shared latent per key: all ``D`` dims of ``kv`` are the key of every head,
+its first ``Dl`` dims ``kv[..., :Dl]`` the value (MQA whose value is a prefix of the key).
+
+Dense (``block_tables`` and ``cache_seqlens`` absent): ``kv`` is ``[B, S, D]``, every batch has
+``S`` keys. Paged (both given): ``kv`` is a cache ``[P, page, D]``; batch ``b`` has
+``L_b = cache_seqlens[b]`` keys, key ``j`` is stored at ``kv[block_tables[b, j // page], j % page]``.
+Entries of ``block_tables[b]`` past the first ``ceil(L_b / page)`` are never read (they may hold
+anything); the ones read must lie in ``[0, P)``, and ``0 <= L_b <= maxp * page``.
+
+For query ``i`` and key ``j`` of batch ``b`` (``L = S`` when dense, ``L_b`` when paged):
+
+1. ``s = softmax_scale * q_i . kv_j`` over all ``D`` dims (``softmax_scale`` defaults to
+   ``D ** -0.5``; DeepSeek models pass ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``);
+2. the key is admitted if ``j < L`` and, with ``causal``, ``j <= i + L - T`` (bottom-right
+   aligned as in FlashAttention 2: the queries are the last ``T`` positions of the sequence);
+3. softmax over the admitted keys in float32; a row with no admitted key (``L_b == 0``, or a
+   causal row before the first key) gives zeros, never NaN;
+4. ``out = P @ kv[..., :Dl]``, ``[B, T, H, Dl]`` in the dtype of ``query``.
+
+``latent_dim`` (Dl) must be given unless ``D == 576``, which means DeepSeek-V2/V3's 512 latent
+dims plus 64 rotary dims (``latent_dim=512``). Both variants are differentiable in ``query`` and
+``kv`` (the latent gets gradient through both its key and its value role; a paged cache gets it
+at the slots that were read, zeros elsewhere).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from ejkernel.kernels.params import BwdParams, FwdParams
+
+_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+# DeepSeek-V2/V3: kv_lora_rank 512 + qk_rope_head_dim 64; the one last dim whose latent dim is implied.
+DEEPSEEK_DIM, DEEPSEEK_LATENT_DIM = 576, 512
+
+
+def multi_head_latent_attention(
+    query: Float[Array, "B T H D"],
+    kv: Float[Array, "B S D"] | Float[Array, "P page D"],
+    *,
+    latent_dim: int | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    block_tables: Int[Array, "B maxp"] | None = None,
+    cache_seqlens: Int[Array, "B"] | None = None,
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+) -> Float[Array, "B T H Dl"]:
+    """Canonical signature of ``multi_head_latent_attention`` (see the module docstring for the semantics)."""
+    raise NotImplementedError
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(np.shape(x))
+
+
+def _dtype(x: Any) -> str:
+    return str(np.dtype(x.dtype)) if hasattr(x, "dtype") else type(x).__name__
+
+
+def _is_int(x: Any) -> bool:
+    return hasattr(x, "dtype") and np.issubdtype(np.dtype(x.dtype), np.integer)
+
+
+def resolve_latent_dim(latent_dim: int | None, dim: int) -> int:
+    """``latent_dim`` as given, or 512 when it is None and the last dim is 576 (DeepSeek-V2/V3).
+
+    Raises:
+        ValueError: None with another last dim, or not in ``[1, dim]``.
+    """
+    if latent_dim is None:
+        if dim != DEEPSEEK_DIM:
+            raise ValueError(
+                f"multi_head_latent_attention: latent_dim is required unless the last dim of query/kv is "
+                f"{DEEPSEEK_DIM} (DeepSeek's {DEEPSEEK_LATENT_DIM} latent + 64 rotary dims), got last dim {dim}"
+            )
+        return DEEPSEEK_LATENT_DIM
+    if isinstance(latent_dim, bool) or not isinstance(latent_dim, int | np.integer):
+        raise TypeError(f"multi_head_latent_attention: latent_dim must be an int or None, got {latent_dim!r}")
+    if not 1 <= latent_dim <= dim:
+        raise ValueError(
+            f"multi_head_latent_attention: latent_dim must be in [1, {dim}] (the last dim of query/kv), got {latent_dim}"
+        )
+    return int(latent_dim)
+
+
+def validate(
+    query: Any,
+    kv: Any,
+    *,
+    latent_dim: int | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    block_tables: Any = None,
+    cache_seqlens: Any = None,
+    **_: Any,
+) -> None:
+    """Check a ``multi_head_latent_attention`` call; raise an error naming the argument, what was expected and what came."""
+    paged = block_tables is not None or cache_seqlens is not None
+    if len(_shape(query)) != 4:
+        raise ValueError(
+            f"multi_head_latent_attention: query must be 4-D [B, T, H, D], got shape {list(_shape(query))}"
+        )
+    if len(_shape(kv)) != 3:
+        layout = "a paged cache [P, page, D]" if paged else "[B, S, D] (one latent shared by all heads)"
+        raise ValueError(f"multi_head_latent_attention: kv must be 3-D {layout}, got shape {list(_shape(kv))}")
+    for name, x in (("query", query), ("kv", kv)):
+        if _dtype(x) not in _FLOAT_DTYPES:
+            raise TypeError(
+                f"multi_head_latent_attention: {name} must be float32, bfloat16 or float16, got {_dtype(x)}"
+            )
+    if _dtype(query) != _dtype(kv):
+        raise TypeError(
+            f"multi_head_latent_attention: query and kv must share a dtype, got {_dtype(query)} and {_dtype(kv)}"
+        )
+    b, d = _shape(query)[0], _shape(query)[3]
+    if _shape(kv)[2] != d:
+        raise ValueError(
+            f"multi_head_latent_attention: kv's last dim must equal query's last dim D={d}, got kv shape {list(_shape(kv))}"
+        )
+    resolve_latent_dim(latent_dim, d)
+    if paged:
+        if block_tables is None or cache_seqlens is None:
+            raise ValueError(
+                "multi_head_latent_attention: the paged variant needs both block_tables and cache_seqlens, got only "
+                + ("block_tables" if block_tables is not None else "cache_seqlens")
+            )
+        if len(_shape(block_tables)) != 2 or _shape(block_tables)[0] != b or not _is_int(block_tables):
+            raise ValueError(
+                f"multi_head_latent_attention: block_tables must be an integer array [B, maxp] with B={b}, "
+                f"got {_dtype(block_tables)}{list(_shape(block_tables))}"
+            )
+        if _shape(cache_seqlens) != (b,) or not _is_int(cache_seqlens):
+            raise ValueError(
+                f"multi_head_latent_attention: cache_seqlens must be an integer array [B] with B={b}, "
+                f"got {_dtype(cache_seqlens)}{list(_shape(cache_seqlens))}"
+            )
+    elif _shape(kv)[0] != b:
+        raise ValueError(
+            f"multi_head_latent_attention: kv must be [B, S, D] with the batch B={b} of query, got {list(_shape(kv))}"
+        )
+    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, int | float)):
+        raise TypeError(
+            f"multi_head_latent_attention: softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}"
+        )
+    if not isinstance(causal, bool):
+        raise TypeError(f"multi_head_latent_attention: causal must be a bool, got {type(causal).__name__}")

@@ -1,0 +1,116 @@
+"""The ``ragged_page_attention`` contract: mixed prefill and decode over a paged key/value cache, in one ragged batch.
+
+Shapes: T query rows (packed over the sequences, padding at the end), S sequence slots, H query heads,
+K key/value heads (H % K == 0; query head h reads kv head h // (H // K)), D query/key head dim, Dv
+value head dim, P pages in the cache, page tokens per page, M pages per sequence at most.
+
+The layout follows ``jax.experimental.pallas.ops.tpu.ragged_paged_attention`` (keys and values in two
+caches here): token ``j`` of sequence ``s`` is row ``j % page`` of page ``block_tables[s, j // page]``.
+
+Semantics. ``n = min(num_seqs, S)`` sequences are live. Live sequence ``s`` owns the query rows
+``cu_q_lens[s] <= t < cu_q_lens[s + 1]`` (``q_len = cu_q_lens[s + 1] - cu_q_lens[s]``, its new tokens,
+already written to the cache) and has ``kv_len = kv_lens[s]`` tokens in the cache, ``q_len <= kv_len``:
+its queries are the last ``q_len`` tokens of its context. For row ``r = t - cu_q_lens[s]`` of it:
+
+1. the query sits at position ``i = kv_len - q_len + r`` and may attend the keys ``0 <= j <= i``
+   (causal within the sequence); with ``sliding_window=W`` only ``i - W < j`` (its last ``W`` positions);
+2. ``s_j = softmax_scale * q . k_j`` (default ``D ** -0.5``); with ``logits_soft_cap``:
+   ``s_j = cap * tanh(s_j / cap)``;
+3. softmax over the admitted keys in float32, ``out = sum_j p_j v_j`` in the dtype of ``query``.
+
+Rows owned by no live sequence (``t >= cu_q_lens[n]``: padding) give zeros. Entries of ``kv_lens``,
+``block_tables`` and ``cu_q_lens`` of sequences ``>= n`` are never read and may hold anything, as may
+the entries of ``block_tables[s]`` past the first ``ceil(kv_len / page)``; the entries that are read
+must be in ``[0, P)``. Cache contents at positions ``>= kv_len`` never change the output, NaN included.
+Must hold (not checked, since the values are traced): ``cu_q_lens[0] == 0``, ``cu_q_lens`` non-decreasing
+up to ``cu_q_lens[n] <= T``, ``q_len <= kv_len <= M * page``. ``num_seqs`` is an int array of shape
+``[1]`` (as in JAX) or ``[]``, or a Python int. ``query``, ``key_cache`` and ``value_cache`` share one
+float dtype.
+
+Not differentiable: differentiating a call raises ``TypeError`` (inputs under ``jax.lax.stop_gradient`` pass).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from jaxtyping import Array, Float, Int
+
+from ejkernel.kernels.params import BwdParams, FwdParams
+from ejkernel.kernels.signatures._serving import (
+    check_float,
+    check_heads,
+    check_int,
+    check_options,
+    check_same_dtype,
+    describe,
+    is_int_array,
+    shape,
+)
+from ejkernel.kernels.signatures._serving import refuse_gradients as refuse_gradients  # for implementations
+
+OP = "ragged_page_attention"
+
+
+def ragged_page_attention(
+    query: Float[Array, "T H D"],
+    key_cache: Float[Array, "P page K D"],
+    value_cache: Float[Array, "P page K Dv"],
+    kv_lens: Int[Array, "S"],
+    block_tables: Int[Array, "S M"],
+    cu_q_lens: Int[Array, "S+1"],
+    num_seqs: Int[Array, "1"] | int,
+    *,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+) -> Float[Array, "T H Dv"]:
+    """Canonical signature of ``ragged_page_attention`` (see the module docstring for the semantics)."""
+    raise NotImplementedError
+
+
+def validate(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    kv_lens: Any,
+    block_tables: Any,
+    cu_q_lens: Any,
+    num_seqs: Any,
+    *,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
+    **_: Any,
+) -> None:
+    """Check a ``ragged_page_attention`` call; raise an error naming the argument, what was expected and what came."""
+    h, d = check_float(OP, "query", query, 3, "[T, H, D]")[1:]
+    p, page, kh, dk = check_float(OP, "key_cache", key_cache, 4, "[P, page, K, D]")
+    vshape = check_float(OP, "value_cache", value_cache, 4, "[P, page, K, Dv]")
+    check_same_dtype(OP, {"query": query, "key_cache": key_cache, "value_cache": value_cache})
+    if dk != d:
+        raise ValueError(
+            f"{OP}: key_cache head dim must equal query head dim {d}, got key_cache shape {[p, page, kh, dk]}"
+        )
+    if vshape[:3] != (p, page, kh):
+        raise ValueError(
+            f"{OP}: value_cache must be [P, page, K, Dv] = [{p}, {page}, {kh}, Dv] like key_cache, got {list(vshape)}"
+        )
+    if p == 0 or page == 0:
+        raise ValueError(
+            f"{OP}: key_cache needs at least one page of at least one token, got shape {[p, page, kh, dk]}"
+        )
+    check_heads(OP, h, kh)
+    (s,) = check_int(OP, "kv_lens", kv_lens, (None,), "[S]")
+    if check_int(OP, "block_tables", block_tables, (s, None), "[S, M]")[1] == 0:
+        raise ValueError(f"{OP}: block_tables needs at least one column (M >= 1), got shape {list(block_tables.shape)}")
+    check_int(OP, "cu_q_lens", cu_q_lens, (s + 1,), "[S+1]")
+    if isinstance(num_seqs, bool) or not (
+        isinstance(num_seqs, int) or (is_int_array(num_seqs) and shape(num_seqs) in ((), (1,)))
+    ):
+        raise TypeError(
+            f"{OP}: num_seqs must be an integer array of shape [1] or [], or an int, got {describe(num_seqs)}"
+        )
+    check_options(OP, softmax_scale, logits_soft_cap, sliding_window)

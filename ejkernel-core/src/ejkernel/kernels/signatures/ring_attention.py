@@ -1,0 +1,226 @@
+"""The ``ring_attention`` contract: ``flash_attention`` over a sequence sharded along a mesh axis.
+
+Shapes: B batch, T local query length, S local key length, H query heads, K key/value heads
+(H % K == 0; query head h reads kv head h // (H // K)), D query/key head dim, Dv value head dim,
+n the size of the mesh axis ``axis_name``.
+
+Inside a mapped axis (``jax.shard_map`` over a mesh with the axis ``axis_name``, or the public
+function's ``mesh=``), every device holds ``T`` queries and ``S`` keys/values of a global sequence of
+``n * T`` queries and ``n * S`` keys. The result on each device is exactly what ``flash_attention``
+gives for its ``T`` queries on the whole (gathered) sequence, in the same order as the local queries:
+
+1. ``s = softmax_scale * q_i . k_j`` (``softmax_scale`` defaults to ``D ** -0.5``);
+2. ``s = logits_soft_cap * tanh(s / logits_soft_cap)``;
+3. the key is masked out unless the segment ids are equal (when given) and, with ``p(i)``/``p(j)``
+   the global positions below, ``causal``: ``p(j) <= p(i) + n*S - n*T`` (bottom-right aligned, as
+   FlashAttention 2); ``sliding_window=(left, right)``: ``p(i) + n*S - n*T - left <= p(j) <=
+   p(i) + n*S - n*T + right`` (an int ``w`` means ``(w, w)``);
+4. softmax over the admitted keys in float32; a row with no admitted key gives zeros (never NaN);
+5. ``out = P @ v`` in the dtype of ``query``.
+
+Layouts: which global positions a device holds. Device ``r`` (``lax.axis_index(axis_name)``) holds,
+for local index ``i`` of a length-``l`` shard (``l`` is T for queries, S for keys):
+
+- ``"contiguous"``: ``p = r * l + i`` (shard r is the r-th slice of the sequence);
+- ``"zigzag"``: ``l`` even, ``c = l // 2``; the sequence is cut into ``2n`` chunks of ``c`` and
+  device r holds chunks ``r`` and ``2n - 1 - r``: ``p = r * c + i`` for ``i < c``, else
+  ``(2n - 1 - r) * c + (i - c)``. With ``causal`` every device then has the same amount of work;
+- ``"striped"``: ``p = i * n + r`` (every n-th token), also balanced under ``causal``.
+
+Within every shard the positions increase with ``i``. The caller passes inputs already laid out
+(``ejkernel.modules.ring_attention_layout`` permutes a whole sequence to and from a layout, so that
+sharding it in contiguous slices gives each device its positions); the output uses the same layout.
+
+With ``axis_name=None`` there is no ring: ``flash_attention`` of the local sequence (``n = 1``; the
+layout then means nothing). A bias or dense attention mask over the global ``[n*T, n*S]`` does not
+shard along the ring and is not supported; segment ids express packing (they travel with the keys).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from ejkernel.kernels.params import BwdParams, FwdParams
+
+LAYOUTS = ("contiguous", "zigzag", "striped")
+_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def ring_attention(
+    query: Float[Array, "B T H D"],
+    key: Float[Array, "B S K D"],
+    value: Float[Array, "B S K Dv"],
+    *,
+    q_segment_ids: Int[Array, "B T"] | None = None,
+    kv_segment_ids: Int[Array, "B S"] | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    axis_name: str | None = None,
+    layout: str = "contiguous",
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+) -> Float[Array, "B T H Dv"]:
+    """Canonical signature of ``ring_attention`` (see the module docstring for the semantics)."""
+    raise NotImplementedError
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return tuple(np.shape(x))
+
+
+def _dtype(x: Any) -> str:
+    return str(np.dtype(x.dtype)) if hasattr(x, "dtype") else type(x).__name__
+
+
+def _is_int(x: Any) -> bool:
+    return hasattr(x, "dtype") and np.issubdtype(np.dtype(x.dtype), np.integer)
+
+
+def ring_axis_size(axis_name: str | None) -> int:
+    """The size of the mapped axis ``axis_name`` (1 for None).
+
+    Raises:
+        ValueError: ``axis_name`` is not bound here (not inside ``shard_map`` over a mesh with that axis).
+    """
+    if axis_name is None:
+        return 1
+    from jax import lax
+
+    try:
+        return int(lax.axis_size(axis_name))
+    except NameError:
+        raise ValueError(
+            f"ring_attention: axis_name {axis_name!r} is not bound here: call it inside jax.shard_map over a mesh "
+            "with that axis, or pass mesh=, in_specs= and out_specs= (or axis_name=None for local attention)"
+        ) from None
+
+
+def check_layout(layout: Any, axis_size: int, length: int, what: str) -> None:
+    """Refuse an unknown layout, or a length that the layout cannot split (``what`` names the length)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"ring_attention: layout must be one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}")
+    if layout == "zigzag" and axis_size > 1 and length % 2:
+        raise ValueError(
+            f'ring_attention: layout="zigzag" holds two chunks per device, so {what} must be even, got {length}'
+        )
+
+
+def global_positions(layout: str, axis_size: int, shard: Any, length: int, xp: Any = np) -> Any:
+    """Global positions of the ``length`` local rows of device ``shard`` under ``layout`` (int32, increasing).
+
+    ``xp`` is ``numpy`` or ``jax.numpy`` (then ``shard`` may be traced, e.g. ``lax.axis_index``).
+
+    >>> global_positions("zigzag", 2, 0, 4).tolist(), global_positions("zigzag", 2, 1, 4).tolist()
+    ([0, 1, 6, 7], [2, 3, 4, 5])
+    >>> global_positions("striped", 2, 1, 3).tolist()
+    [1, 3, 5]
+    """
+    i = xp.arange(length, dtype=xp.int32)
+    shard = xp.asarray(shard).astype(xp.int32)
+    if layout == "contiguous":
+        return shard * length + i
+    if layout == "zigzag":
+        c = length // 2
+        return xp.where(i < c, shard * c + i, (2 * axis_size - 1 - shard) * c + (i - c))
+    if layout == "striped":
+        return i * axis_size + shard
+    raise ValueError(f"ring_attention: layout must be one of {', '.join(map(repr, LAYOUTS))}, got {layout!r}")
+
+
+def layout_permutation(layout: str, axis_size: int, length: int) -> np.ndarray:
+    """Indices ``perm`` such that ``x[perm]`` lays a whole sequence of ``length`` out for ``axis_size`` devices.
+
+    Device ``r``'s contiguous slice ``[r * length // axis_size, (r + 1) * length // axis_size)`` of the
+    laid-out sequence holds exactly its ``global_positions``.
+
+    Raises:
+        ValueError: an unknown layout, or ``length`` not a multiple of ``axis_size`` (of ``2 * axis_size``
+        for zigzag).
+    """
+    if not isinstance(axis_size, int | np.integer) or axis_size < 1:
+        raise ValueError(f"ring_attention: axis_size must be a positive int, got {axis_size!r}")
+    check_layout(layout, 1, 0, "")
+    if length % axis_size:
+        raise ValueError(
+            f"ring_attention: the sequence length {length} must be a multiple of the axis size {axis_size}"
+        )
+    check_layout(layout, axis_size, length // axis_size, f"the local length (sequence length {length} / {axis_size})")
+    local = length // axis_size
+    return np.concatenate([global_positions(layout, axis_size, r, local) for r in range(axis_size)]).astype(np.int64)
+
+
+def validate(
+    query: Any,
+    key: Any,
+    value: Any,
+    *,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    axis_name: str | None = None,
+    layout: str = "contiguous",
+    **_: Any,
+) -> None:
+    """Check a ``ring_attention`` call; raise an error naming the argument, what was expected and what came.
+
+    Besides shapes and options it checks that ``axis_name`` is bound where the call is traced.
+    """
+    for name, x in (("query", query), ("key", key), ("value", value)):
+        if len(_shape(x)) != 4:
+            layout_of = {"query": "[B, T, H, D]", "key": "[B, S, K, D]", "value": "[B, S, K, Dv]"}[name]
+            raise ValueError(f"ring_attention: {name} must be 4-D {layout_of}, got shape {list(_shape(x))}")
+        if _dtype(x) not in _FLOAT_DTYPES:
+            raise TypeError(f"ring_attention: {name} must be float32, bfloat16 or float16, got {_dtype(x)}")
+    if not (_dtype(key) == _dtype(value) == _dtype(query)):
+        raise TypeError(
+            f"ring_attention: query, key and value must share a dtype, got {_dtype(query)}, {_dtype(key)}, {_dtype(value)}"
+        )
+    b, t, h, d = _shape(query)
+    bk, s, kh, dk = _shape(key)
+    if bk != b or _shape(value)[0] != b:
+        raise ValueError(f"ring_attention: batch sizes differ: query {b}, key {bk}, value {_shape(value)[0]}")
+    if dk != d:
+        raise ValueError(
+            f"ring_attention: key head dim must equal query head dim {d}, got key shape {list(_shape(key))}"
+        )
+    if _shape(value)[1:3] != (s, kh):
+        raise ValueError(
+            f"ring_attention: value must be [B, S, K, Dv] = [{b}, {s}, {kh}, Dv] like key, got {list(_shape(value))}"
+        )
+    if kh == 0 or h % kh:
+        raise ValueError(f"ring_attention: query heads H={h} must be a multiple of key/value heads K={kh}")
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("ring_attention: pass both q_segment_ids and kv_segment_ids, or neither")
+    if q_segment_ids is not None:
+        for name, x, want in (("q_segment_ids", q_segment_ids, (b, t)), ("kv_segment_ids", kv_segment_ids, (b, s))):
+            if _shape(x) != want or not _is_int(x):
+                raise ValueError(
+                    f"ring_attention: {name} must be an integer array of shape {list(want)}, got {_dtype(x)}{list(_shape(x))}"
+                )
+    if softmax_scale is not None and not isinstance(softmax_scale, int | float):
+        raise TypeError(
+            f"ring_attention: softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}"
+        )
+    if not isinstance(causal, bool):
+        raise TypeError(f"ring_attention: causal must be a bool, got {type(causal).__name__}")
+    if sliding_window is not None:
+        w = (sliding_window, sliding_window) if isinstance(sliding_window, int) else sliding_window
+        if not (isinstance(w, tuple | list) and len(w) == 2 and all(isinstance(x, int) and x >= 0 for x in w)):
+            raise ValueError(
+                f"ring_attention: sliding_window must be an int >= 0 or a pair (left, right) of ints >= 0, got {sliding_window!r}"
+            )
+    if logits_soft_cap is not None and not (isinstance(logits_soft_cap, int | float) and logits_soft_cap > 0):
+        raise ValueError(f"ring_attention: logits_soft_cap must be a positive float or None, got {logits_soft_cap!r}")
+    if axis_name is not None and not isinstance(axis_name, str):
+        raise TypeError(f"ring_attention: axis_name must be a mesh axis name (str) or None, got {axis_name!r}")
+    n = ring_axis_size(axis_name)
+    check_layout(layout, n, t, "the local query length T")
+    check_layout(layout, n, s, "the local key length S")

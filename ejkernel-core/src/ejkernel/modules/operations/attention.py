@@ -1,0 +1,124 @@
+"""``attention``: the public function and its operations-layer ``Kernel``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jaxtyping import Array, Bool, Float, Int
+
+from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations.configs import AttentionConfig
+from ejkernel.modules.operations.flash_attention import _kernel as _flash_kernel
+from ejkernel.ops import Kernel
+
+
+class Attention(Kernel[AttentionConfig]):
+    op_id = "attention"
+    config_type = AttentionConfig
+
+    def normalize(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        # The options both ops share have the same canonical forms (window pair, float scale, no seed
+        # without dropout); flash_attention's normalize touches only those.
+        arguments = _flash_kernel.normalize(arguments)
+        arguments["return_weights"] = bool(arguments["return_weights"])
+        return arguments
+
+
+_kernel = Attention()
+
+
+def attention(
+    query: Float[Array, "B T H D"],
+    key: Float[Array, "B S K D"],
+    value: Float[Array, "B S K Dv"],
+    bias: Float[Array, "#B #H T S"] | None = None,
+    *,
+    attention_mask: Bool[Array, "#B #H T S"] | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    dropout_prob: float = 0.0,
+    dropout_seed: int | Int[Array, ""] | None = None,
+    return_weights: bool = False,
+    platform: str | None = None,
+    backend: str | None = None,
+    cfg: AttentionConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> Float[Array, "B T H Dv"] | tuple[Float[Array, "B T H Dv"], Float[Array, "B H T S"]]:
+    """Dense multi-head attention ``softmax(scale * q k^T + bias) v`` that can return its attention weights.
+
+    The same scores, masks and dropout as ``flash_attention`` (entry for entry), computed densely:
+    use it when you want the weights; ``flash_attention`` is the O(T)-memory op for the output alone.
+
+    Shapes: B batch, T query length, S key length, H query heads, K key/value heads (H % K == 0:
+    GQA, MQA when K == 1), D head dim, Dv value head dim.
+
+    Args:
+        query: ``[B, T, H, D]``.
+        key: ``[B, S, K, D]``.
+        value: ``[B, S, K, Dv]``.
+        bias: added to the scaled scores, broadcastable ``[B|1, H|1, T, S]``; differentiable.
+        attention_mask: boolean ``[B|1, H|1, T, S]``, True where a query may attend a key.
+        softmax_scale: scale of the scores, default ``D ** -0.5``.
+        causal: query i attends keys ``j <= i + S - T`` (bottom-right aligned, as FlashAttention 2).
+        sliding_window: ``(left, right)`` keys around the aligned diagonal, or ``w`` for ``(w, w)``.
+        logits_soft_cap: ``cap * tanh(scores / cap)`` before masking.
+        dropout_prob, dropout_seed: attention dropout, the same survivors as ``flash_attention`` for a seed.
+        return_weights: also return the attention weights.
+        platform: restrict to one kernel platform (``"xla"``, ...); default: any.
+        backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
+        cfg: an ``AttentionConfig`` that overrides the config chain (never cached).
+        mesh, in_specs, out_specs: run under ``jax.shard_map``; ``in_specs`` has one spec per array passed.
+
+    Returns:
+        ``out [B, T, H, Dv]`` in ``query.dtype``; with ``return_weights``, ``(out, weights)`` where
+        ``weights [B, H, T, S]`` is the float32 matrix that multiplies ``value`` (softmax probabilities
+        after dropout; zero on masked keys). A query row with no admitted key gives zeros (weights and output).
+
+    Raises:
+        ValueError, TypeError: a bad shape, dtype or option (the message names it).
+        ejkernel.ops.ConfigError: no installed implementation can serve the call (the message says why).
+
+    Example:
+
+    >>> import jax, jax.numpy as jnp
+    >>> from ejkernel.modules import attention
+    >>> q = jax.random.normal(jax.random.key(0), (2, 16, 4, 32))
+    >>> k = v = jax.random.normal(jax.random.key(1), (2, 16, 2, 32))  # GQA: 4 query heads, 2 kv heads
+    >>> out, weights = attention(q, k, v, causal=True, return_weights=True)
+    >>> out.shape, weights.shape, weights.dtype
+    ((2, 16, 4, 32), (2, 4, 16, 16), dtype('float32'))
+    >>> bool(jnp.allclose(weights.sum(-1), 1.0, atol=1e-5)), float(weights[0, 0, 0, 1])  # causal: row 0 sees key 0
+    (True, 0.0)
+    """
+    arrays = {
+        "query": query,
+        "key": key,
+        "value": value,
+        "bias": bias,
+        "attention_mask": attention_mask,
+        "dropout_seed": dropout_seed,
+    }
+    options = {
+        "softmax_scale": softmax_scale,
+        "causal": causal,
+        "sliding_window": sliding_window,
+        "logits_soft_cap": logits_soft_cap,
+        "dropout_prob": dropout_prob,
+        "return_weights": return_weights,
+    }
+    return dispatch(
+        _kernel,
+        arrays,
+        options,
+        platform=platform,
+        backend=backend,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+    )

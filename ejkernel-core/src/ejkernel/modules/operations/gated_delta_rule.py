@@ -1,0 +1,129 @@
+"""``gated_delta_rule``: the public function and its operations-layer ``Kernel``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations.configs import GatedDeltaRuleConfig
+from ejkernel.ops import Invocation, Kernel
+
+
+class GatedDeltaRule(Kernel[GatedDeltaRuleConfig]):
+    op_id = "gated_delta_rule"
+    config_type = GatedDeltaRuleConfig
+
+    def normalize(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        d = arguments["q"].shape[-1]
+        arguments["scale"] = float(d**-0.5 if arguments["scale"] is None else arguments["scale"])
+        return arguments
+
+    def make_inputs(self, inv: Invocation, seed: int = 0) -> dict[str, Any]:
+        inputs = super().make_inputs(inv, seed)
+        # Gates in their usual ranges (log decay <= 0, beta in (0, 1)) and unit keys, so that timing
+        # runs a bounded recurrence rather than overflowing floats.
+        jnp = jax.numpy
+        inputs["g"] = -jax.nn.softplus(inputs["g"].astype(jnp.float32)).astype(inputs["g"].dtype)
+        inputs["beta"] = jax.nn.sigmoid(inputs["beta"].astype(jnp.float32)).astype(inputs["beta"].dtype)
+        k = inputs["k"].astype(jnp.float32)
+        inputs["k"] = (k / jnp.linalg.norm(k, axis=-1, keepdims=True)).astype(inputs["k"].dtype)
+        cu = inv.arguments.get("cu_seqlens")
+        if isinstance(cu, jax.ShapeDtypeStruct):
+            # Packed sequences of equal length: representative work for timing.
+            n, t = cu.shape[0] - 1, inv.arguments["q"].shape[1]
+            inputs["cu_seqlens"] = jnp.asarray(np.linspace(0, t, n + 1).astype(np.int64), cu.dtype)
+        return inputs
+
+
+_kernel = GatedDeltaRule()
+
+
+def gated_delta_rule(
+    q: Float[Array, "B T H K"],
+    k: Float[Array, "B T H K"],
+    v: Float[Array, "B T H V"],
+    g: Float[Array, "B T H"],
+    beta: Float[Array, "B T H"],
+    *,
+    scale: float | None = None,
+    initial_state: Float[Array, "B_or_N H K V"] | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Int[Array, "N+1"] | None = None,
+    use_qk_l2norm: bool = False,
+    platform: str | None = None,
+    backend: str | None = None,
+    cfg: GatedDeltaRuleConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> tuple[Float[Array, "B T H V"], Float[Array, "B_or_N H K V"] | None]:
+    """The gated delta rule of Gated DeltaNet: a decaying ``[K, V]`` state per head, corrected towards each value.
+
+    Per head, token by token (``a_t = exp(g_t)``): ``S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``
+    and ``o_t = scale * S_t^T q_t``, the convention of flash-linear-attention's ``chunk_gated_delta_rule``.
+
+    Shapes: B batch, T length, H heads, K query/key head dim, V value head dim, N packed sequences.
+
+    Args:
+        q: ``[B, T, H, K]``.
+        k: ``[B, T, H, K]`` (keep them unit-norm, or pass ``use_qk_l2norm``, for a bounded state).
+        v: ``[B, T, H, V]``.
+        g: ``[B, T, H]`` log decay (``<= 0``).
+        beta: ``[B, T, H]`` writing strength (in ``(0, 1)``).
+        scale: multiplies the output, default ``K ** -0.5``.
+        initial_state: ``[B, H, K, V]`` (``[N, H, K, V]`` with ``cu_seqlens``) state before the first token;
+            default zeros. Differentiable.
+        output_final_state: also return the state after the last token.
+        cu_seqlens: ``[N+1]`` offsets of packed sequences (B must be 1); each starts from its own initial state.
+        use_qk_l2norm: L2-normalise ``q`` and ``k`` over the head dim first (``x / sqrt(|x|^2 + 1e-6)``).
+        platform: restrict to one kernel platform (``"xla"``, ...); default: any.
+        backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
+        cfg: a ``GatedDeltaRuleConfig`` that overrides the config chain (never cached); the XLA implementation
+            reads the chunk size from ``fwd_params.q_blocksize`` (1: the token-by-token recurrence).
+        mesh, in_specs, out_specs: run under ``jax.shard_map``; ``in_specs`` has one spec per array passed.
+
+    Returns:
+        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in ``q.dtype``; ``final_state`` ``[B|N, H, K, V]`` in
+        float32, or None without ``output_final_state``. An empty packed sequence keeps its initial state.
+
+    Raises:
+        ValueError, TypeError: a bad shape, dtype or option (the message names it).
+        ejkernel.ops.ConfigError: no installed implementation can serve the call (the message says why).
+
+    Example:
+
+    >>> import jax, jax.numpy as jnp
+    >>> from ejkernel.modules import gated_delta_rule
+    >>> q, k = jax.random.normal(jax.random.key(0), (2, 2, 100, 4, 32))
+    >>> v = jax.random.normal(jax.random.key(1), (2, 100, 4, 64))
+    >>> g = -jax.nn.softplus(jax.random.normal(jax.random.key(2), (2, 100, 4)))
+    >>> beta = jax.nn.sigmoid(jax.random.normal(jax.random.key(3), (2, 100, 4)))
+    >>> o, state = gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True, output_final_state=True)
+    >>> o.shape, state.shape, state.dtype
+    ((2, 100, 4, 64), (2, 4, 32, 64), dtype('float32'))
+    """
+    arrays = {
+        "q": q,
+        "k": k,
+        "v": v,
+        "g": g,
+        "beta": beta,
+        "initial_state": initial_state,
+        "cu_seqlens": cu_seqlens,
+    }
+    options = {"scale": scale, "output_final_state": output_final_state, "use_qk_l2norm": use_qk_l2norm}
+    return dispatch(
+        _kernel,
+        arrays,
+        options,
+        platform=platform,
+        backend=backend,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+    )

@@ -1,0 +1,84 @@
+"""``mean_pooling``: the public function and its operations-layer ``Kernel``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations.configs import MeanPoolingConfig
+from ejkernel.ops import Invocation, Kernel
+
+
+class MeanPooling(Kernel[MeanPoolingConfig]):
+    op_id = "mean_pooling"
+    config_type = MeanPoolingConfig
+
+    def make_inputs(self, inv: Invocation, seed: int = 0) -> dict[str, Any]:
+        inputs = super().make_inputs(inv, seed)
+        cu = inv.arguments.get("cu_seqlens")
+        if isinstance(cu, jax.ShapeDtypeStruct):
+            # Packed sequences of equal length: representative work for timing.
+            n, t = cu.shape[0] - 1, inv.arguments["x"].shape[1]
+            inputs["cu_seqlens"] = jax.numpy.asarray(np.linspace(0, t, n + 1).astype(np.int64), cu.dtype)
+        return inputs
+
+
+_kernel = MeanPooling()
+
+
+def mean_pooling(
+    x: Float[Array, "B T D"],
+    *,
+    cu_seqlens: Int[Array, "N+1"] | None = None,
+    platform: str | None = None,
+    backend: str | None = None,
+    cfg: MeanPoolingConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> Float[Array, "B_or_N D"]:
+    """The mean over time of every batch row, or of every packed sequence, accumulated in float32.
+
+    Shapes: B batch, T length, D features, N packed sequences.
+
+    Args:
+        x: ``[B, T, D]``; differentiable.
+        cu_seqlens: ``[N+1]`` offsets of sequences packed along T (B must be 1); tokens outside
+            ``[cu_seqlens[0], cu_seqlens[N])`` count for nothing.
+        platform: restrict to one kernel platform (``"xla"``, ...); default: any.
+        backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
+        cfg: a ``MeanPoolingConfig`` that overrides the config chain (never cached).
+        mesh, in_specs, out_specs: run under ``jax.shard_map``; ``in_specs`` has one spec per array passed.
+
+    Returns:
+        ``[B, D]`` (``[N, D]`` with ``cu_seqlens``) in ``x.dtype``; an empty sequence gives zeros.
+
+    Raises:
+        ValueError, TypeError: a bad shape, dtype or option (the message names it).
+        ejkernel.ops.ConfigError: no installed implementation can serve the call (the message says why).
+
+    Example:
+
+    >>> import jax.numpy as jnp
+    >>> from ejkernel.modules import mean_pooling
+    >>> x = jnp.arange(12.0).reshape(1, 6, 2)
+    >>> mean_pooling(x).tolist()
+    [[5.0, 6.0]]
+    >>> mean_pooling(x, cu_seqlens=jnp.array([0, 2, 2, 6])).tolist()  # the middle sequence is empty
+    [[1.0, 2.0], [0.0, 0.0], [7.0, 8.0]]
+    """
+    return dispatch(
+        _kernel,
+        {"x": x, "cu_seqlens": cu_seqlens},
+        {},
+        platform=platform,
+        backend=backend,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+    )

@@ -1,0 +1,116 @@
+"""``page_attention``: the public function and its operations-layer ``Kernel``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from ejkernel.kernels.signatures._serving import normalize_options, refuse_gradients
+from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations.configs import PageAttentionConfig
+from ejkernel.ops import Invocation, Kernel
+
+
+class PageAttention(Kernel[PageAttentionConfig]):
+    op_id = "page_attention"
+    config_type = PageAttentionConfig
+
+    def normalize(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        return normalize_options(arguments, arguments["query"].shape[-1])
+
+    def make_inputs(self, inv: Invocation, seed: int = 0) -> dict[str, Any]:
+        inputs = super().make_inputs(inv, seed)
+        n, m = inv.arguments["block_tables"].shape
+        num_pages, page = inv.arguments["key_cache"].shape[:2]
+        # Distinct pages while the cache has enough; lengths from half to all of the table: representative work.
+        tables = (np.arange(n * m) % num_pages).reshape(n, m)
+        lens = np.linspace(m * page // 2, m * page, n).astype(np.int64)
+        inputs["block_tables"] = jnp.asarray(tables, inv.arguments["block_tables"].dtype)
+        inputs["context_lens"] = jnp.asarray(lens, inv.arguments["context_lens"].dtype)
+        return inputs
+
+
+_kernel = PageAttention()
+
+
+def page_attention(
+    query: Float[Array, "N H D"],
+    key_cache: Float[Array, "P page K D"],
+    value_cache: Float[Array, "P page K Dv"],
+    context_lens: Int[Array, "N"],
+    block_tables: Int[Array, "N M"],
+    *,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
+    platform: str | None = None,
+    backend: str | None = None,
+    cfg: PageAttentionConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> Float[Array, "N H Dv"]:
+    """Decode attention over a paged key/value cache: one query per sequence, at the end of its context.
+
+    Shapes: N sequences, H query heads, K key/value heads (H % K == 0: GQA, MQA when K == 1), D head
+    dim, Dv value head dim, P pages, page tokens per page, M pages per sequence at most. Token ``j`` of
+    sequence ``n`` is row ``j % page`` of page ``block_tables[n, j // page]``.
+
+    Args:
+        query: ``[N, H, D]``, the newest token of every sequence.
+        key_cache: ``[P, page, K, D]``.
+        value_cache: ``[P, page, K, Dv]``.
+        context_lens: ``[N]`` ints, ``L`` keys per sequence (its query sits at position ``L - 1``); 0 gives zeros.
+        block_tables: ``[N, M]`` ints, the pages of every sequence in order; entries past ``ceil(L / page)``
+            are never read (any value, e.g. -1); those read must be in ``[0, P)``.
+        softmax_scale: scale of the scores, default ``D ** -0.5``.
+        logits_soft_cap: ``cap * tanh(scores / cap)``.
+        sliding_window: ``W``: attend only the last ``W`` positions (``L - W <= j < L``).
+        platform: restrict to one kernel platform (``"xla"``, ``"pallas"``, ...); default: any.
+        backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
+        cfg: a ``PageAttentionConfig`` that overrides the config chain (never cached).
+        mesh, in_specs, out_specs: run under ``jax.shard_map``; ``in_specs`` has one spec per array passed.
+
+    Returns:
+        ``[N, H, Dv]`` in ``query.dtype``.
+
+    Raises:
+        ValueError, TypeError: a bad shape, dtype or option (the message names it); ``TypeError`` when
+            differentiated (the op is not differentiable; ``jax.lax.stop_gradient`` its inputs).
+        ejkernel.ops.ConfigError: no installed implementation can serve the call (the message says why).
+
+    Example:
+
+    >>> import jax, jax.numpy as jnp
+    >>> from ejkernel.modules import page_attention
+    >>> q = jax.random.normal(jax.random.key(0), (3, 8, 64))  # 3 sequences, 8 query heads
+    >>> k_cache = v_cache = jax.random.normal(jax.random.key(1), (16, 4, 2, 64))  # 16 pages of 4 tokens, 2 kv heads
+    >>> tables = jnp.array([[3, 7, 0], [1, 2, -1], [5, -1, -1]])  # -1: unused
+    >>> out = page_attention(q, k_cache, v_cache, jnp.array([10, 6, 0]), tables)
+    >>> out.shape, bool(jnp.all(out[2] == 0))  # the empty sequence gives zeros
+    ((3, 8, 64), True)
+    """
+    query, key_cache, value_cache = refuse_gradients("page_attention", query, key_cache, value_cache)
+    arrays = {
+        "query": query,
+        "key_cache": key_cache,
+        "value_cache": value_cache,
+        "context_lens": context_lens,
+        "block_tables": block_tables,
+    }
+    options = {"softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "sliding_window": sliding_window}
+    return dispatch(
+        _kernel,
+        arrays,
+        options,
+        platform=platform,
+        backend=backend,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+    )

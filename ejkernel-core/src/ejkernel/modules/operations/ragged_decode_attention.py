@@ -1,0 +1,112 @@
+"""``ragged_decode_attention``: the public function and its operations-layer ``Kernel``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from ejkernel.kernels.signatures._serving import normalize_options, refuse_gradients
+from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations.configs import RaggedDecodeAttentionConfig
+from ejkernel.ops import Invocation, Kernel
+
+
+class RaggedDecodeAttention(Kernel[RaggedDecodeAttentionConfig]):
+    op_id = "ragged_decode_attention"
+    config_type = RaggedDecodeAttentionConfig
+
+    def normalize(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        return normalize_options(arguments, arguments["query"].shape[-1])
+
+    def make_inputs(self, inv: Invocation, seed: int = 0) -> dict[str, Any]:
+        inputs = super().make_inputs(inv, seed)
+        b = inv.arguments["query"].shape[0]
+        s = inv.arguments["key"].shape[1]
+        # Ranges from the start, half to all of the cache long: representative work.
+        ends = np.linspace(s // 2, s, b).astype(np.int64)
+        inputs["sequence_start"] = jnp.zeros((b,), inv.arguments["sequence_start"].dtype)
+        inputs["sequence_end"] = jnp.asarray(ends, inv.arguments["sequence_end"].dtype)
+        return inputs
+
+
+_kernel = RaggedDecodeAttention()
+
+
+def ragged_decode_attention(
+    query: Float[Array, "B H D"],
+    key: Float[Array, "B S K D"],
+    value: Float[Array, "B S K Dv"],
+    sequence_start: Int[Array, "B"],
+    sequence_end: Int[Array, "B"],
+    *,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
+    platform: str | None = None,
+    backend: str | None = None,
+    cfg: RaggedDecodeAttentionConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> Float[Array, "B H Dv"]:
+    """Decode attention over a dense key/value cache in which every batch row has its own valid range.
+
+    Shapes: B batch rows, S cache length, H query heads, K key/value heads (H % K == 0: GQA, MQA when
+    K == 1), D head dim, Dv value head dim.
+
+    Args:
+        query: ``[B, H, D]``, one query per row, at position ``sequence_end - 1``.
+        key: ``[B, S, K, D]``.
+        value: ``[B, S, K, Dv]``.
+        sequence_start: ``[B]`` ints, the first valid key of every row.
+        sequence_end: ``[B]`` ints, one past the last valid key (``<= start``: no key, zeros).
+        softmax_scale: scale of the scores, default ``D ** -0.5``.
+        logits_soft_cap: ``cap * tanh(scores / cap)``.
+        sliding_window: ``W``: attend only the last ``W`` positions (``end - W <= j < end``).
+        platform: restrict to one kernel platform (``"xla"``, ``"pallas"``, ...); default: any.
+        backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
+        cfg: a ``RaggedDecodeAttentionConfig`` that overrides the config chain (never cached).
+        mesh, in_specs, out_specs: run under ``jax.shard_map``; ``in_specs`` has one spec per array passed.
+
+    Returns:
+        ``[B, H, Dv]`` in ``query.dtype``. Keys outside a row's range never change its output.
+
+    Raises:
+        ValueError, TypeError: a bad shape, dtype or option (the message names it); ``TypeError`` when
+            differentiated (the op is not differentiable; ``jax.lax.stop_gradient`` its inputs).
+        ejkernel.ops.ConfigError: no installed implementation can serve the call (the message says why).
+
+    Example:
+
+    >>> import jax, jax.numpy as jnp
+    >>> from ejkernel.modules import ragged_decode_attention
+    >>> q = jax.random.normal(jax.random.key(0), (3, 8, 64))
+    >>> k = v = jax.random.normal(jax.random.key(1), (3, 128, 2, 64))  # GQA: 8 query heads, 2 kv heads
+    >>> out = ragged_decode_attention(q, k, v, jnp.array([0, 40, 7]), jnp.array([128, 90, 7]))
+    >>> out.shape, bool(jnp.all(out[2] == 0))  # the third row's range is empty
+    ((3, 8, 64), True)
+    """
+    query, key, value = refuse_gradients("ragged_decode_attention", query, key, value)
+    arrays = {
+        "query": query,
+        "key": key,
+        "value": value,
+        "sequence_start": sequence_start,
+        "sequence_end": sequence_end,
+    }
+    options = {"softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "sliding_window": sliding_window}
+    return dispatch(
+        _kernel,
+        arrays,
+        options,
+        platform=platform,
+        backend=backend,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+    )

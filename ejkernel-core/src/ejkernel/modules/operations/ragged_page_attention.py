@@ -1,0 +1,133 @@
+"""``ragged_page_attention``: the public function and its operations-layer ``Kernel``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float, Int
+
+from ejkernel.kernels.signatures._serving import normalize_options, refuse_gradients
+from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations.configs import RaggedPageAttentionConfig
+from ejkernel.ops import Invocation, Kernel
+
+
+class RaggedPageAttention(Kernel[RaggedPageAttentionConfig]):
+    op_id = "ragged_page_attention"
+    config_type = RaggedPageAttentionConfig
+
+    def normalize(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(arguments["num_seqs"], int | np.integer):
+            # An array, so that every count shares one compiled function and one cache entry.
+            arguments["num_seqs"] = jnp.asarray([arguments["num_seqs"]], jnp.int32)
+        return normalize_options(arguments, arguments["query"].shape[-1])
+
+    def make_inputs(self, inv: Invocation, seed: int = 0) -> dict[str, Any]:
+        inputs = super().make_inputs(inv, seed)
+        t = inv.arguments["query"].shape[0]
+        s, m = inv.arguments["block_tables"].shape
+        num_pages, page = inv.arguments["key_cache"].shape[:2]
+        # Every slot live, the rows shared evenly, every context as long as the table allows: representative work.
+        cu = np.floor(np.arange(s + 1) * min(t / s, m * page)).astype(np.int64)  # q_len <= kv_len
+        kv = np.full(s, m * page)
+        tables = (np.arange(s * m) % num_pages).reshape(s, m)
+        for name, value in (("cu_q_lens", cu), ("kv_lens", kv), ("block_tables", tables)):
+            inputs[name] = jnp.asarray(value, inv.arguments[name].dtype)
+        ns = inv.arguments["num_seqs"]
+        inputs["num_seqs"] = jnp.full(ns.shape, s, ns.dtype)
+        return inputs
+
+
+_kernel = RaggedPageAttention()
+
+
+def ragged_page_attention(
+    query: Float[Array, "T H D"],
+    key_cache: Float[Array, "P page K D"],
+    value_cache: Float[Array, "P page K Dv"],
+    kv_lens: Int[Array, "S"],
+    block_tables: Int[Array, "S M"],
+    cu_q_lens: Int[Array, "S+1"],
+    num_seqs: Int[Array, "1"] | int,
+    *,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
+    platform: str | None = None,
+    backend: str | None = None,
+    cfg: RaggedPageAttentionConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> Float[Array, "T H Dv"]:
+    """Mixed prefill and decode attention over a paged key/value cache, all sequences in one ragged batch.
+
+    Shapes: T query rows (every sequence's new tokens, packed; padding at the end), S sequence slots,
+    H query heads, K key/value heads (H % K == 0), D head dim, Dv value head dim, P pages, page tokens per
+    page, M pages per sequence at most. Sequence ``s``'s ``q_len`` queries are the last tokens of its
+    ``kv_lens[s]`` (already in the cache): row ``r`` sits at position ``kv_lens[s] - q_len + r`` and
+    attends causally. Layout as ``jax.experimental.pallas.ops.tpu.ragged_paged_attention`` (two caches).
+
+    Args:
+        query: ``[T, H, D]``.
+        key_cache: ``[P, page, K, D]``.
+        value_cache: ``[P, page, K, Dv]``.
+        kv_lens: ``[S]`` ints, the context length of every sequence (``>=`` its query count).
+        block_tables: ``[S, M]`` ints, the pages of every sequence; entries not needed are never read.
+        cu_q_lens: ``[S + 1]`` ints, sequence ``s`` owns query rows ``cu_q_lens[s]:cu_q_lens[s + 1]``.
+        num_seqs: how many slots are live (an int array ``[1]`` or ``[]``, or an int); later slots are
+            padding, and so are the rows from ``cu_q_lens[num_seqs]`` on (they give zeros).
+        softmax_scale: scale of the scores, default ``D ** -0.5``.
+        logits_soft_cap: ``cap * tanh(scores / cap)``.
+        sliding_window: ``W``: a query at position ``i`` attends only ``i - W < j <= i``.
+        platform: restrict to one kernel platform (``"xla"``, ``"pallas"``, ...); default: any.
+        backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
+        cfg: a ``RaggedPageAttentionConfig`` that overrides the config chain (never cached).
+        mesh, in_specs, out_specs: run under ``jax.shard_map``; ``in_specs`` has one spec per array passed.
+
+    Returns:
+        ``[T, H, Dv]`` in ``query.dtype``.
+
+    Raises:
+        ValueError, TypeError: a bad shape, dtype or option (the message names it); ``TypeError`` when
+            differentiated (the op is not differentiable; ``jax.lax.stop_gradient`` its inputs).
+        ejkernel.ops.ConfigError: no installed implementation can serve the call (the message says why).
+
+    Example:
+
+    >>> import jax, jax.numpy as jnp
+    >>> from ejkernel.modules import ragged_page_attention
+    >>> q = jax.random.normal(jax.random.key(0), (8, 4, 32))  # 8 rows: a prefill of 5, a decode of 1, 2 padding
+    >>> k_cache = v_cache = jax.random.normal(jax.random.key(1), (8, 4, 2, 32))  # 8 pages of 4 tokens
+    >>> kv_lens = jnp.array([5, 9, 0])  # the third slot is not live
+    >>> tables = jnp.array([[0, 1, -1], [2, 3, 4], [-1, -1, -1]])
+    >>> cu_q_lens = jnp.array([0, 5, 6, 6])
+    >>> out = ragged_page_attention(q, k_cache, v_cache, kv_lens, tables, cu_q_lens, jnp.array([2]))
+    >>> out.shape, bool(jnp.all(out[6:] == 0))
+    ((8, 4, 32), True)
+    """
+    query, key_cache, value_cache = refuse_gradients("ragged_page_attention", query, key_cache, value_cache)
+    arrays = {
+        "query": query,
+        "key_cache": key_cache,
+        "value_cache": value_cache,
+        "kv_lens": kv_lens,
+        "block_tables": block_tables,
+        "cu_q_lens": cu_q_lens,
+        "num_seqs": num_seqs,
+    }
+    options = {"softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "sliding_window": sliding_window}
+    return dispatch(
+        _kernel,
+        arrays,
+        options,
+        platform=platform,
+        backend=backend,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+    )

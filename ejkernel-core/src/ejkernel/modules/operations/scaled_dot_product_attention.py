@@ -1,0 +1,125 @@
+"""``scaled_dot_product_attention``: the public function and its operations-layer ``Kernel``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jaxtyping import Array, Bool, Float, Int
+
+from ejkernel.kernels.signatures.flash_attention import normalize_window
+from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations.configs import ScaledDotProductAttentionConfig
+from ejkernel.ops import Invocation, Kernel
+
+
+class ScaledDotProductAttention(Kernel[ScaledDotProductAttentionConfig]):
+    op_id = "scaled_dot_product_attention"
+    config_type = ScaledDotProductAttentionConfig
+
+    def normalize(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        h = arguments["query"].shape[-1]
+        arguments["scale"] = float(h**-0.5 if arguments["scale"] is None else arguments["scale"])
+        window = normalize_window(arguments["local_window_size"])
+        if window is not None and arguments["is_causal"]:
+            window = (window[0], 0)  # causal admits no key right of the diagonal anyway
+        arguments["local_window_size"] = window
+        return arguments
+
+    def make_inputs(self, inv: Invocation, seed: int = 0) -> dict[str, Any]:
+        inputs = super().make_inputs(inv, seed)
+        # Full sequences (the default zeros would leave no valid query or key): representative work for timing.
+        for name, axis in (("query_seq_lengths", "query"), ("key_value_seq_lengths", "key")):
+            x = inv.arguments.get(name)
+            if isinstance(x, jax.ShapeDtypeStruct):
+                inputs[name] = jax.numpy.full(x.shape, inv.arguments[axis].shape[1], x.dtype)
+        return inputs
+
+
+_kernel = ScaledDotProductAttention()
+
+
+def scaled_dot_product_attention(
+    query: Float[Array, "B T N H"],
+    key: Float[Array, "B S K H"],
+    value: Float[Array, "B S K Hv"],
+    bias: Float[Array, "#B #N #T #S"] | None = None,
+    mask: Bool[Array, "#B #N #T #S"] | None = None,
+    *,
+    scale: float | None = None,
+    is_causal: bool = False,
+    query_seq_lengths: Int[Array, "B"] | None = None,
+    key_value_seq_lengths: Int[Array, "B"] | None = None,
+    local_window_size: int | tuple[int, int] | None = None,
+    platform: str | None = None,
+    backend: str | None = None,
+    cfg: ScaledDotProductAttentionConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> Float[Array, "B T N Hv"]:
+    """Scaled dot-product attention with the semantics of ``jax.nn.dot_product_attention``, on ejkernel's kernels.
+
+    A drop-in for ``jax.nn.dot_product_attention`` (same arguments, same top-left causal and window
+    alignment, same masks), except that a query row with no admitted key gives zeros where jax gives
+    the mean of all values (see ``ejkernel.kernels.signatures.scaled_dot_product_attention``).
+
+    Shapes (jax's letters): B batch, T query length, S key length, N query heads, K key/value heads
+    (N % K == 0: GQA, MQA when K == 1), H head dim, Hv value head dim.
+
+    Args:
+        query: ``[B, T, N, H]``.
+        key: ``[B, S, K, H]``.
+        value: ``[B, S, K, Hv]``.
+        bias: added to the scaled logits; 4-D, broadcastable to ``[B, N, T, S]``; differentiable.
+        mask: boolean, 4-D, broadcastable to ``[B, N, T, S]``; True where a query may attend a key.
+        scale: scale of the logits, default ``H ** -0.5``.
+        is_causal: query i attends keys ``j <= i`` (top-left aligned, as jax).
+        query_seq_lengths: ``[B]`` ints; query rows ``i >= query_seq_lengths[b]`` are padding (zeros).
+        key_value_seq_lengths: ``[B]`` ints; keys ``j >= key_value_seq_lengths[b]`` are padding.
+        local_window_size: ``(left, right)``: query i attends keys ``i - left <= j <= i + right``; ``w`` means ``(w, w)``.
+        platform: restrict to one kernel platform (``"xla"``, ...); default: any.
+        backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
+        cfg: a ``ScaledDotProductAttentionConfig`` that overrides the config chain (never cached).
+        mesh, in_specs, out_specs: run under ``jax.shard_map``; ``in_specs`` has one spec per array passed.
+
+    Returns:
+        ``[B, T, N, Hv]`` in ``query.dtype``. A query row with no admitted key gives zeros.
+
+    Raises:
+        ValueError, TypeError: a bad shape, dtype or option (the message names it).
+        ejkernel.ops.ConfigError: no installed implementation can serve the call (the message says why).
+
+    Example:
+
+    >>> import jax, jax.numpy as jnp
+    >>> from ejkernel.modules import scaled_dot_product_attention
+    >>> q = jax.random.normal(jax.random.key(0), (2, 24, 8, 32))
+    >>> k = v = jax.random.normal(jax.random.key(1), (2, 40, 2, 32))  # GQA: 8 query heads, 2 kv heads
+    >>> lengths = jnp.array([40, 25], jnp.int32)
+    >>> out = scaled_dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths)
+    >>> want = jax.nn.dot_product_attention(q, k, v, is_causal=True, key_value_seq_lengths=lengths)
+    >>> out.shape, bool(jnp.allclose(out, want, atol=1e-5))
+    ((2, 24, 8, 32), True)
+    """
+    arrays = {
+        "query": query,
+        "key": key,
+        "value": value,
+        "bias": bias,
+        "mask": mask,
+        "query_seq_lengths": query_seq_lengths,
+        "key_value_seq_lengths": key_value_seq_lengths,
+    }
+    options = {"scale": scale, "is_causal": is_causal, "local_window_size": local_window_size}
+    return dispatch(
+        _kernel,
+        arrays,
+        options,
+        platform=platform,
+        backend=backend,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+    )

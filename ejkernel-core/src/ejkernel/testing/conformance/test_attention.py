@@ -1,0 +1,286 @@
+"""Conformance suite of ``attention``: every installed implementation against the reference.
+
+Layout: B batch, T query length, S key length, H query heads, K kv heads, D head dim, Dv value dim.
+Weights: ``[B, H, T, S]`` float32, the matrix that multiplies the values (after dropout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from ejkernel.modules import attention
+from ejkernel.modules.operations.attention import _kernel
+from ejkernel.testing import reference
+from ejkernel.testing.conformance._harness import (
+    FWD_RTOL,
+    GRAD_RTOL,
+    assert_close,
+    call_forced,
+    fresh_key,
+    implementations_under_test,
+    jitted,
+)
+from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
+
+OP = "attention"
+# The weights are float32 whatever the inputs, but computed from half-precision scores: their error is
+# that of the forward pass in the input dtype.
+WEIGHTS_RTOL = FWD_RTOL
+
+
+def pytest_generate_tests(metafunc: Any) -> None:
+    if "impl" in metafunc.fixturenames:
+        metafunc.parametrize("impl", implementations_under_test(metafunc.config, OP))
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One call shape plus options; ``arrays`` names extra array inputs the case builds."""
+
+    name: str
+    b: int = 2
+    t: int = 37  # deliberately not a multiple of any block size
+    s: int = 53
+    h: int = 4
+    k: int = 2
+    d: int = 32
+    dv: int | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+    arrays: tuple[str, ...] = ()
+
+
+CASES = [
+    Case("plain"),
+    Case("gqa_causal", options=(("causal", True),)),  # bottom-right aligned, as flash_attention
+    Case("causal_t_gt_s", t=53, s=37, options=(("causal", True),)),  # the first rows see no key
+    Case("mqa_dv_differs", k=1, dv=48),
+    Case("window_asymmetric", options=(("sliding_window", (3, 9)),)),
+    Case("soft_cap", options=(("logits_soft_cap", 2.0), ("softmax_scale", 0.7))),
+    Case("bias_full", arrays=("bias_full",)),
+    Case("bias_broadcast_batch", arrays=("bias_heads",)),
+    Case("attention_mask", arrays=("attention_mask",)),
+    Case("dropout", options=(("dropout_prob", 0.25), ("dropout_seed", 1234))),
+    Case("length_one_query", t=1, s=29, options=(("causal", True),)),
+]
+_BY_NAME = {c.name: c for c in CASES}
+DTYPE_CASES = [pytest.param(c, "float32", id=f"{c.name}-float32") for c in CASES] + [
+    pytest.param(_BY_NAME[name], dtype, id=f"{name}-{dtype}")
+    for dtype in ("bfloat16", "float16")
+    for name in ("gqa_causal", "bias_full")
+]
+
+
+def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    kq, kk, kv, kb, km = jax.random.split(key, 5)
+    dv = case.dv or case.d
+    q = jax.random.normal(kq, (case.b, case.t, case.h, case.d), jnp.float32).astype(dtype)
+    k = jax.random.normal(kk, (case.b, case.s, case.k, case.d), jnp.float32).astype(dtype)
+    v = jax.random.normal(kv, (case.b, case.s, case.k, dv), jnp.float32).astype(dtype)
+    kwargs: dict[str, Any] = dict(case.options)
+    bias = None
+    for name in case.arrays:
+        if name == "bias_full":
+            bias = jax.random.normal(kb, (case.b, case.h, case.t, case.s), jnp.float32).astype(dtype)
+        elif name == "bias_heads":
+            bias = jax.random.normal(kb, (1, case.h, case.t, case.s), jnp.float32).astype(dtype)
+        elif name == "attention_mask":
+            mask = jax.random.bernoulli(km, 0.7, (case.b, 1, case.t, case.s))
+            kwargs["attention_mask"] = mask.at[0, 0, 3, :].set(False)  # one fully masked row
+    args = (q, k, v) if bias is None else (q, k, v, bias)
+    return args, kwargs
+
+
+def call(impl: Any, *args: Any, **kwargs: Any) -> Any:
+    return call_forced(attention, impl, *args, **kwargs)
+
+
+def skip_if_unsupported(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    _skip_if_unsupported(impl, _kernel, attention, args, kwargs)
+
+
+def _results_and_grads(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cots: tuple[jax.Array, ...]) -> Any:
+    """``(out, weights)`` of ``fn`` and the gradients of ``sum(out * cot_out) + sum(weights * cot_weights)``
+    in every float input, compiled as one."""
+
+    def both(*a: Any, **kw: Any) -> Any:
+        def loss(*x: Any) -> Any:
+            out, weights = fn(*x, **kw, return_weights=True)
+            value = jnp.sum(out.astype(jnp.float32) * cots[0]) + jnp.sum(weights.astype(jnp.float32) * cots[1])
+            return value, (out, weights)
+
+        grads, results = jax.grad(loss, argnums=tuple(range(len(a))), has_aux=True)(*a)
+        return results, grads
+
+    return jitted(both, **kwargs)(*args)
+
+
+@pytest.mark.parametrize(("case", "dtype"), DTYPE_CASES)
+def test_forward_weights_and_gradients_match_reference(impl, case, dtype):
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, dtype, key)
+    skip_if_unsupported(impl, args, {**kwargs, "return_weights": True})
+    kc, kw = jax.random.split(jax.random.fold_in(key, 1))
+    cots = (
+        jax.random.normal(kc, (case.b, case.t, case.h, case.dv or case.d)),
+        jax.random.normal(kw, (case.b, case.h, case.t, case.s)),
+    )
+    (out, weights), grads = _results_and_grads(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, cots)
+    (want, want_weights), want_grads = _results_and_grads(reference.attention, args, kwargs, cots)
+    assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != input dtype {dtype}"
+    assert weights.dtype == jnp.float32, f"weights dtype {weights.dtype} != float32"
+    assert_close(out, want, FWD_RTOL[dtype], f"{case.name} forward", seed)
+    assert_close(weights, want_weights, WEIGHTS_RTOL[dtype], f"{case.name} weights", seed)
+    for name, g, w in zip(("dq", "dk", "dv", "dbias"), grads, want_grads):
+        assert g.dtype == w.dtype, f"{name} dtype {g.dtype} != {w.dtype}"
+        assert_close(g, w, GRAD_RTOL[dtype], f"{case.name} {name}", seed)
+
+
+def test_weights_are_the_matrix_that_multiplies_the_values(impl):
+    """Rows of the weights sum to 1 (0 when masked whole), ``out == weights @ v``, and without
+    ``return_weights`` the output alone is returned, the same."""
+    key, seed = fresh_key()
+    case = Case("w", b=2, t=9, s=12, h=4, k=2, d=16, arrays=("attention_mask",), options=(("causal", True),))
+    args, kwargs = make_inputs(case, "float32", key)
+    skip_if_unsupported(impl, args, {**kwargs, "return_weights": True})
+    out, weights = jitted(lambda *a, **kw: call(impl, *a, **kw, return_weights=True), **kwargs)(*args)
+    alone = jitted(lambda *a, **kw: call(impl, *a, **kw), **kwargs)(*args)
+    assert isinstance(alone, jax.Array), f"return_weights=False must return one array, got {type(alone)}"
+    assert_close(alone, out, 1e-6, "output without weights", seed)
+    sums = np.asarray(weights.sum(-1))
+    allowed = np.asarray(reference.attention_allowed(case.t, case.s, causal=True)) & np.asarray(
+        kwargs["attention_mask"]
+    )
+    masked_whole = ~allowed.any(-1)  # [B, 1, T]
+    np.testing.assert_allclose(sums, np.where(masked_whole, 0.0, 1.0) * np.ones_like(sums), atol=1e-5)
+    v = jnp.repeat(args[2], case.h // case.k, axis=2)
+    by_hand = jnp.einsum("bhts,bshd->bthd", weights, v, precision="highest")
+    assert_close(out, by_hand, 1e-5, "out against weights @ v", seed)
+
+
+def test_agrees_with_flash_attention_entry_for_entry(impl):
+    """The same options give the same output as ``flash_attention``'s reference, dropout included."""
+    key, seed = fresh_key()
+    case = Case(
+        "f",
+        b=2,
+        t=13,
+        s=17,
+        arrays=("bias_heads",),
+        options=(("causal", True), ("sliding_window", (6, 2)), ("dropout_prob", 0.3), ("dropout_seed", 99)),
+    )
+    args, kwargs = make_inputs(case, "float32", key)
+    skip_if_unsupported(impl, args, kwargs)
+    out = jitted(lambda *a, **kw: call(impl, *a, **kw), **kwargs)(*args)
+    want = jitted(reference.flash_attention, **kwargs)(*args)
+    assert_close(out, want, FWD_RTOL["float32"], "attention against flash_attention", seed)
+
+
+def test_check_grads_numerically(impl):
+    """Finite differences on a tiny call with bias, soft cap and a window, through the output and the weights."""
+    case = Case(
+        "tiny",
+        b=1,
+        t=7,
+        s=9,
+        h=2,
+        k=1,
+        d=8,
+        arrays=("bias_full",),
+        options=(("logits_soft_cap", 2.0), ("sliding_window", (3, 4))),
+    )
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, "float32", key)
+    skip_if_unsupported(impl, args, {**kwargs, "return_weights": True})
+    with jax.enable_x64(False):
+        fn = jax.jit(lambda *a: call(impl, *a, **kwargs, return_weights=True))
+        check_grads(fn, args, order=1, modes=("rev",), atol=3e-2, rtol=3e-2, eps=1e-2)
+
+
+def test_fully_masked_rows_give_zeros_and_zero_gradients(impl):
+    key, seed = fresh_key()
+    case = Case("masked", b=1, t=9, s=11, h=2, k=2, d=16)
+    args, _ = make_inputs(case, "float32", key)
+    mask = jnp.ones((1, 1, 9, 11), bool).at[:, :, 2].set(False).at[:, :, 5].set(False)
+    skip_if_unsupported(impl, args, {"attention_mask": mask, "return_weights": True})
+
+    def results_and_grads(*a: Any) -> Any:
+        res, vjp = jax.vjp(lambda q, k, v: call(impl, q, k, v, attention_mask=mask, return_weights=True), *a)
+        return res, vjp(jax.tree.map(jnp.ones_like, res))
+
+    (out, weights), (dq, dk, dv) = jax.jit(results_and_grads)(*args)
+    assert np.all(np.isfinite(out)) and np.all(np.isfinite(weights)), f"NaN/inf in the results (seed {seed})"
+    assert np.all(np.asarray(out[:, [2, 5]]) == 0), "fully masked rows must be exactly zero"
+    assert np.all(np.asarray(weights[:, :, [2, 5]]) == 0), "fully masked rows have zero weights"
+    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert np.all(np.isfinite(g)), f"{name} has NaN/inf (seed {seed})"
+    assert np.all(np.asarray(dq[:, [2, 5]]) == 0)
+
+
+def test_dropout_is_deterministic_per_seed(impl):
+    key, seed = fresh_key()
+    args, _ = make_inputs(Case("d", b=1, t=16, s=16, h=2, k=2, d=16), "float32", key)
+    kw = {"dropout_prob": 0.5, "return_weights": True}
+    skip_if_unsupported(impl, args, {**kw, "dropout_seed": 1})
+    _, a = call(impl, *args, **kw, dropout_seed=1)
+    _, b = call(impl, *args, **kw, dropout_seed=1)
+    _, c = call(impl, *args, **kw, dropout_seed=jnp.asarray(2, jnp.int32))
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert not np.array_equal(np.asarray(a) == 0, np.asarray(c) == 0), "a different seed must drop other entries"
+    dropped = float(np.mean(np.asarray(a) == 0))
+    assert 0.35 < dropped < 0.65, f"dropout_prob=0.5 dropped {dropped:.2f} of the weights (seed {seed})"
+
+
+def test_jit_and_vmap_agree_with_eager(impl):
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(Case("t", b=2, t=7, s=9, h=2, k=1, d=8), "float32", key)
+    skip_if_unsupported(impl, args, {"causal": True})
+    eager = call(impl, *args, causal=True)
+    jit_out = jax.jit(lambda *a: call(impl, *a, causal=True))(*args)
+    vmapped = jax.vmap(lambda *a: call(impl, *a, causal=True))(*(x[:, None] for x in args))[:, 0]
+    assert_close(jit_out, eager, 1e-6, "jit", seed)
+    assert_close(vmapped, eager, 1e-5, "vmap", seed)
+
+
+BAD_INPUTS = [
+    ("query_ndim", lambda q, k, v: ((q[0], k, v), {}), "query must be 4-D"),
+    ("dtype_mismatch", lambda q, k, v: ((q, k.astype(jnp.bfloat16), v), {}), "must share a dtype"),
+    ("int_query", lambda q, k, v: ((q.astype(jnp.int32), k, v), {}), "query must be float32, bfloat16 or float16"),
+    ("heads", lambda q, k, v: ((q[:, :, :3], k, v), {}), "multiple of key/value heads"),
+    ("head_dim", lambda q, k, v: ((q, k[..., :8], v), {}), "key head dim must equal query head dim"),
+    (
+        "bias_shape",
+        lambda q, k, v: ((q, k, v, jnp.zeros((2, 4, 5, 5))), {}),
+        r"bias must have shape \[B\|1, H\|1, T, S\]",
+    ),
+    (
+        "mask_dtype",
+        lambda q, k, v: ((q, k, v), {"attention_mask": jnp.ones((1, 1, 8, 8))}),
+        "attention_mask must be bool",
+    ),
+    ("dropout_seed", lambda q, k, v: ((q, k, v), {"dropout_prob": 0.1}), "needs dropout_seed"),
+    (
+        "dropout_prob",
+        lambda q, k, v: ((q, k, v), {"dropout_prob": 1.0, "dropout_seed": 0}),
+        r"dropout_prob must be a float in \[0, 1\)",
+    ),
+    ("window", lambda q, k, v: ((q, k, v), {"sliding_window": (-1, 2)}), "sliding_window must be"),
+    ("soft_cap", lambda q, k, v: ((q, k, v), {"logits_soft_cap": 0.0}), "logits_soft_cap must be a positive"),
+    ("return_weights", lambda q, k, v: ((q, k, v), {"return_weights": "yes"}), "return_weights must be a bool"),
+    ("segments", lambda q, k, v: ((q, k, v), {"q_segment_ids": jnp.zeros((2, 8), jnp.int32)}), "q_segment_ids"),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "message"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_inputs_are_refused_with_a_clear_error(impl, name, make, message):
+    q = jnp.ones((2, 8, 4, 16))
+    k = v = jnp.ones((2, 8, 2, 16))
+    args, kwargs = make(q, k, v)
+    with pytest.raises((ValueError, TypeError), match=rf"^{OP}\b.*{message}"):
+        call(impl, *args, **kwargs)

@@ -1,0 +1,284 @@
+"""Conformance suite of ``block_sparse_attention``: every installed implementation against the reference.
+
+Layout: B batch, T query length, S key length, H query heads, K kv heads, D head dim, Dv value dim.
+Lengths are not multiples of the mask blocks, and long enough (about 100 tokens of 8-token blocks)
+that an implementation computing on tiles of several blocks has several tiles, partial ones included.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from ejkernel.kernels.signatures.block_sparse_attention import block_sparse_mask
+from ejkernel.modules import block_sparse_attention
+from ejkernel.modules.operations.block_sparse_attention import _kernel
+from ejkernel.modules.operations.configs import BlockSparseAttentionConfig
+from ejkernel.ops import Invocation
+from ejkernel.testing import reference
+from ejkernel.testing.conformance._harness import (
+    DTYPES,
+    FWD_RTOL,
+    GRAD_RTOL,
+    assert_close,
+    call_forced,
+    fresh_key,
+    implementations_under_test,
+    jitted,
+)
+from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
+
+OP = "block_sparse_attention"
+
+
+def pytest_generate_tests(metafunc: Any) -> None:
+    if "impl" in metafunc.fixturenames:
+        metafunc.parametrize("impl", implementations_under_test(metafunc.config, OP))
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One call shape plus options; ``mask`` is the broadcast shape ``(B|1, H|1)`` of a random block mask."""
+
+    name: str
+    b: int = 2
+    t: int = 99
+    s: int = 117
+    h: int = 4
+    k: int = 2
+    d: int = 32
+    dv: int | None = None
+    q_block: int = 8
+    kv_block: int = 8
+    mask: str | None = None  # "shared", "batch", "heads", "both"
+    segments: bool = False
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+CASES = [
+    Case("dense"),
+    Case("causal_t_gt_s", t=117, s=99, options=(("causal", True),)),
+    Case("mask_shared_soft_cap_scale", mask="shared", options=(("logits_soft_cap", 2.0), ("softmax_scale", 0.3))),
+    Case("mask_per_batch_segments_causal", mask="batch", segments=True, options=(("causal", True),)),
+    Case("mask_per_head_gqa_unequal_blocks", q_block=5, kv_block=7, dv=48, mask="heads", options=(("causal", True),)),
+    Case(
+        "local_global_causal",
+        q_block=16,
+        kv_block=16,
+        options=(("local_blocks", (2, 0)), ("global_blocks", 1), ("causal", True)),
+    ),
+    Case("length_one_query_mqa", t=1, s=29, k=1, mask="both", options=(("causal", True),)),
+    Case("batch_one_mha_local", b=1, t=40, s=40, h=3, k=3, d=64, options=(("local_blocks", 1), ("causal", True))),
+]
+# Each case runs in float32; these also run in a lower precision (compiling is what costs time on CI).
+LOW_PRECISION_CASES = {"mask_per_head_gqa_unequal_blocks": "bfloat16", "local_global_causal": "float16"}
+DTYPE_CASES = [(c, "float32") for c in CASES] + [
+    (c, LOW_PRECISION_CASES[c.name]) for c in CASES if c.name in LOW_PRECISION_CASES
+]
+assert {dt for _, dt in DTYPE_CASES} == set(DTYPES)
+
+
+def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    kq, kk, kv, km, ks1, ks2 = jax.random.split(key, 6)
+    dv = case.dv or case.d
+    q = jax.random.normal(kq, (case.b, case.t, case.h, case.d), jnp.float32).astype(dtype)
+    k = jax.random.normal(kk, (case.b, case.s, case.k, case.d), jnp.float32).astype(dtype)
+    v = jax.random.normal(kv, (case.b, case.s, case.k, dv), jnp.float32).astype(dtype)
+    kwargs: dict[str, Any] = {"q_block": case.q_block, "kv_block": case.kv_block, **dict(case.options)}
+    if case.mask is not None:
+        lb = case.b if case.mask in ("batch", "both") else 1
+        lh = case.h if case.mask in ("heads", "both") else 1
+        nq, nk = -(-case.t // case.q_block), -(-case.s // case.kv_block)
+        mask = jax.random.bernoulli(km, 0.4, (lb, lh, nq, nk))
+        kwargs["block_mask"] = mask.at[0, 0, nq // 2].set(False)  # one query block sees nothing
+    if case.segments:
+        qs = jnp.sort(jax.random.randint(ks1, (case.b, case.t), 0, 3), axis=-1)
+        kvs = jnp.sort(jax.random.randint(ks2, (case.b, case.s), 0, 3), axis=-1)
+        kwargs["q_segment_ids"], kwargs["kv_segment_ids"] = qs.at[:, -1].set(7), kvs  # segment 7: no keys
+    return (q, k, v), kwargs
+
+
+def call(impl: Any, *args: Any, **kwargs: Any) -> Any:
+    return call_forced(block_sparse_attention, impl, *args, **kwargs)
+
+
+def skip_if_unsupported(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    _skip_if_unsupported(impl, _kernel, block_sparse_attention, args, kwargs)
+
+
+def _forward_and_grads(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cot: jax.Array) -> Any:
+    """``(out, (dq, dk, dv))`` of ``fn`` for the cotangent ``cot``, compiled as one program."""
+
+    def both(*a: Any, **kw: Any) -> Any:
+        out, vjp = jax.vjp(lambda *x: fn(*x, **kw), *a)
+        return out, vjp(cot.astype(out.dtype))
+
+    return jitted(both, **kwargs)(*args)
+
+
+@pytest.mark.parametrize(("case", "dtype"), DTYPE_CASES, ids=[f"{c.name}-{dt}" for c, dt in DTYPE_CASES])
+def test_forward_and_gradients_match_reference(impl, case, dtype):
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, dtype, key)
+    skip_if_unsupported(impl, args, kwargs)
+    cot = jax.random.normal(jax.random.fold_in(key, 1), (case.b, case.t, case.h, case.dv or case.d)).astype(dtype)
+    out, grads = _forward_and_grads(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, cot)
+    want, want_grads = _forward_and_grads(reference.block_sparse_attention, args, kwargs, cot)
+    assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != input dtype {dtype}"
+    assert_close(out, want, FWD_RTOL[dtype], f"{case.name} forward", seed)
+    for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads, strict=True):
+        assert g.dtype == w.dtype, f"{name} dtype {g.dtype} != {w.dtype}"
+        assert_close(g, w, GRAD_RTOL[dtype], f"{case.name} {name}", seed)
+
+
+def test_every_candidate_config_matches_reference(impl):
+    """Each launch configuration the implementation offers the autotuner (but the heuristic one, which the other
+    tests use) computes the same thing."""
+    case = Case("candidates_mqa", t=61, s=75, k=1, mask="both", options=(("causal", True),))
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, "float32", key)
+    skip_if_unsupported(impl, args, kwargs)
+    inv = Invocation.create(OP, _kernel.normalize(_kernel.bind(args, kwargs)), impl.backend)
+    fwd, bwd = impl.candidate_cfgs(inv, "fwd"), impl.candidate_cfgs(inv, "bwd")
+    cot = jax.random.normal(jax.random.fold_in(key, 1), (case.b, case.t, case.h, case.d))
+    want, want_grads = _forward_and_grads(reference.block_sparse_attention, args, kwargs, cot)
+    pairs = list(zip(fwd, bwd, strict=False))[1:]
+    if not pairs:
+        pytest.skip(f"{impl.name} offers no launch configuration besides its heuristic one")
+    for fp, bp in pairs:
+        cfg = BlockSparseAttentionConfig(platform=impl.platform, backend=impl.backend, fwd_params=fp, bwd_params=bp)
+        out, grads = _forward_and_grads(lambda *a, cfg=cfg, **kw: call(impl, *a, cfg=cfg, **kw), args, kwargs, cot)
+        assert_close(out, want, FWD_RTOL["float32"], f"forward with {fp}", seed)
+        for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads, strict=True):
+            assert_close(g, w, GRAD_RTOL["float32"], f"{name} with {bp}", seed)
+
+
+def test_check_grads_numerically(impl):
+    case = Case("tiny", b=1, t=11, s=13, h=2, k=1, d=8, q_block=3, kv_block=4, mask="heads")
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, "float32", key)
+    kwargs.update(causal=True, logits_soft_cap=3.0)
+    skip_if_unsupported(impl, args, kwargs)
+    fn = jax.jit(lambda *a: call(impl, *a, **kwargs))
+    with jax.enable_x64(False):
+        check_grads(fn, args, order=1, modes=("rev",), atol=3e-2, rtol=3e-2, eps=1e-2)
+
+
+def test_fully_masked_rows_give_zeros_and_zero_gradients(impl):
+    key, seed = fresh_key()
+    case = Case("masked", b=1, t=20, s=24, h=2, k=1, d=16, q_block=4, kv_block=8)
+    args, _ = make_inputs(case, "float32", key)
+    mask = jnp.ones((1, 2, 5, 3), bool).at[:, :, 1].set(False)  # rows 4..7 of both heads see nothing
+    qseg = jnp.zeros((1, 20), jnp.int32).at[:, 15].set(3)  # row 15: a segment without keys
+    kw = {
+        "block_mask": mask,
+        "q_block": 4,
+        "kv_block": 8,
+        "q_segment_ids": qseg,
+        "kv_segment_ids": jnp.zeros((1, 24), jnp.int32),
+    }
+    skip_if_unsupported(impl, args, kw)
+    out, (dq, dk, dv) = _forward_and_grads(lambda *a, **k: call(impl, *a, **k), args, kw, jnp.ones((1, 20, 2, 16)))
+    assert np.all(np.isfinite(out)), f"NaN/inf in the output (seed {seed})"
+    rows = [4, 5, 6, 7, 15]
+    assert np.all(np.asarray(out[:, rows]) == 0), "fully masked rows must be exactly zero"
+    assert np.any(np.asarray(out[:, 8]) != 0), "the other rows must not be zero"
+    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert np.all(np.isfinite(g)), f"{name} has NaN/inf (seed {seed})"
+    assert np.all(np.asarray(dq[:, rows]) == 0)
+
+
+def test_pattern_equals_its_explicit_mask(impl):
+    """``local_blocks``/``global_blocks``/``causal`` mean exactly the mask ``block_sparse_mask`` builds."""
+    key, seed = fresh_key()
+    case = Case("pattern", b=1, t=45, s=52, h=2, k=2, d=16, q_block=6, kv_block=5)
+    args, _ = make_inputs(case, "float32", key)
+    patterns: dict[str, Any] = {"local_blocks": (1, 2), "global_blocks": 2, "causal": True}
+    common: dict[str, Any] = {"q_block": 6, "kv_block": 5}
+    skip_if_unsupported(impl, args, {**common, **patterns})
+    mask = jnp.asarray(block_sparse_mask(45, 52, **common, **patterns))[None, None]
+    a = call(impl, *args, **common, **patterns)
+    b = call(impl, *args, **common, block_mask=mask, causal=True)
+    assert_close(a, b, 1e-6, "pattern vs its mask", seed)
+
+
+def test_eager_and_vmap_agree(impl):
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(Case("t", b=2, t=19, s=23, h=2, k=1, d=16), "float32", key)
+    kwargs.update(causal=True, local_blocks=1, q_block=4, kv_block=4)
+    skip_if_unsupported(impl, args, kwargs)
+    eager = call(impl, *args, **kwargs)  # every other test runs under jit
+    vmapped = jax.jit(jax.vmap(lambda *a: call(impl, *a, **kwargs)))(*(x[:, None] for x in args))[:, 0]
+    assert_close(vmapped, eager, 1e-5, "vmap", seed)
+
+
+def _mask(*shape: int, dtype: Any = bool) -> jax.Array:
+    return jnp.ones(shape, dtype)
+
+
+BAD_INPUTS = [
+    ("query_ndim", lambda q, k, v: ((q[0], k, v), {}), "query must be 4-D"),
+    ("dtype_mismatch", lambda q, k, v: ((q, k.astype(jnp.bfloat16), v), {}), "must share a dtype"),
+    ("int_query", lambda q, k, v: ((q.astype(jnp.int32), k, v), {}), "query must be float32, bfloat16 or float16"),
+    ("heads", lambda q, k, v: ((q[:, :, :3], k, v), {}), "multiple of key/value heads"),
+    ("head_dim", lambda q, k, v: ((q, k[..., :8], v), {}), "key head dim must equal query head dim"),
+    (
+        "mask_shape",
+        lambda q, k, v: ((q, k, v), {"block_mask": _mask(1, 1, 2, 3), "q_block": 4, "kv_block": 4}),
+        r"block_mask must have shape \[B\|1, H\|1, ceil\(T/q_block\), ceil\(S/kv_block\)\] = \[2\|1, 4\|1, 2, 2\]",
+    ),
+    (
+        "mask_heads",
+        lambda q, k, v: ((q, k, v), {"block_mask": _mask(1, 2, 1, 1), "q_block": 8}),
+        "block_mask must have shape",
+    ),
+    (
+        "mask_dtype",
+        lambda q, k, v: ((q, k, v), {"block_mask": _mask(1, 1, 1, 1, dtype=jnp.int32)}),
+        "block_mask must be bool",
+    ),
+    (
+        "mask_and_pattern",
+        lambda q, k, v: ((q, k, v), {"block_mask": _mask(1, 1, 1, 1), "local_blocks": 1}),
+        "pass block_mask or the patterns",
+    ),
+    ("q_block", lambda q, k, v: ((q, k, v), {"q_block": 0}), "q_block must be an int >= 1"),
+    ("kv_block", lambda q, k, v: ((q, k, v), {"kv_block": 2.5}), "kv_block must be an int >= 1"),
+    (
+        "local_blocks",
+        lambda q, k, v: ((q, k, v), {"local_blocks": (-1, 2)}),
+        "local_blocks must be an int >= 0 or a pair",
+    ),
+    ("global_blocks", lambda q, k, v: ((q, k, v), {"global_blocks": -1}), "global_blocks must be an int >= 0"),
+    ("soft_cap", lambda q, k, v: ((q, k, v), {"logits_soft_cap": 0.0}), "logits_soft_cap must be a positive"),
+    ("causal", lambda q, k, v: ((q, k, v), {"causal": 1}), "causal must be a bool"),
+    (
+        "segments_half",
+        lambda q, k, v: ((q, k, v), {"q_segment_ids": jnp.zeros((2, 8), jnp.int32)}),
+        "pass both q_segment_ids",
+    ),
+    (
+        "segments_shape",
+        lambda q, k, v: (
+            (q, k, v),
+            {"q_segment_ids": jnp.zeros((2, 7), jnp.int32), "kv_segment_ids": jnp.zeros((2, 8), jnp.int32)},
+        ),
+        r"q_segment_ids must be an integer array of shape \[2, 8\]",
+    ),
+    ("unknown_option", lambda q, k, v: ((q, k, v), {"casual": True}), "casual"),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "message"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_inputs_are_refused_with_a_clear_error(impl, name, make, message):
+    q = jnp.ones((2, 8, 4, 16))
+    k = v = jnp.ones((2, 8, 2, 16))
+    args, kwargs = make(q, k, v)
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(impl, *args, **kwargs)

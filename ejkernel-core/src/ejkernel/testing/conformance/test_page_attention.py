@@ -1,0 +1,200 @@
+"""Conformance suite of ``page_attention``: every installed implementation against the reference.
+
+Layout: N sequences, H query heads, K kv heads, D head dim, Dv value dim, P pages of ``page`` tokens,
+M table columns. Pages are shuffled, unused table slots hold garbage (-1, out of range, a foreign page).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from ejkernel.kernels.params import FwdParams
+from ejkernel.modules import page_attention
+from ejkernel.modules.operations.configs import PageAttentionConfig
+from ejkernel.modules.operations.page_attention import _kernel
+from ejkernel.testing import reference
+from ejkernel.testing.conformance._harness import (
+    DTYPES,
+    FWD_RTOL,
+    assert_close,
+    call_forced,
+    fresh_key,
+    implementations_under_test,
+    jitted,
+)
+from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
+from ejkernel.testing.conformance._paged import PagedCache, normal, numpy_rng, paged_cache
+
+OP = "page_attention"
+
+
+def pytest_generate_tests(metafunc: Any) -> None:
+    if "impl" in metafunc.fixturenames:
+        metafunc.parametrize("impl", implementations_under_test(metafunc.config, OP))
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    lens: tuple[int, ...] = (0, 1, 7, 21)  # empty, one token, mid-page, past a page boundary
+    page: int = 4
+    h: int = 4
+    k: int = 2
+    d: int = 32
+    dv: int | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+
+
+CASES = [
+    Case("mixed_lengths_gqa"),
+    Case("mqa_soft_cap_scale", h=4, k=1, options=(("logits_soft_cap", 2.0), ("softmax_scale", 0.7))),
+    Case("window", lens=(3, 9, 17, 22, 0), options=(("sliding_window", 5),)),
+    Case("window_wider_than_context", lens=(2, 6), options=(("sliding_window", 100),)),
+    Case("batch_one_mha_page_8", lens=(13,), page=8, h=2, k=2, d=64),
+    Case("page_one_dv_differs", lens=(1, 5, 3), page=1, dv=16),
+]
+
+
+def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any], PagedCache]:
+    rng = numpy_rng(key)
+    cache = paged_cache(
+        rng, dtype, list(case.lens), page=case.page, kv_heads=case.k, head_dim=case.d, value_dim=case.dv or case.d
+    )
+    q = normal(rng, (len(case.lens), case.h, case.d), dtype)
+    lens = jnp.asarray(case.lens, jnp.int32)
+    return (q, cache.key_cache, cache.value_cache, lens, cache.block_tables), dict(case.options), cache
+
+
+def call(impl: Any, *args: Any, **kwargs: Any) -> Any:
+    return call_forced(page_attention, impl, *args, **kwargs)
+
+
+def skip_if_unsupported(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    _skip_if_unsupported(impl, _kernel, page_attention, args, kwargs)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_forward_matches_reference(impl, case, dtype):
+    key, seed = fresh_key()
+    args, kwargs, _ = make_inputs(case, dtype, key)
+    skip_if_unsupported(impl, args, kwargs)
+    out = jitted(lambda *a, **kw: call(impl, *a, **kw), **kwargs)(*args)
+    want = jitted(reference.page_attention, **kwargs)(*args)
+    assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != input dtype {dtype}"
+    assert_close(out, want, FWD_RTOL[dtype], f"{case.name} forward", seed)
+    empty = np.asarray(case.lens) == 0
+    assert np.all(np.asarray(out, np.float32)[empty] == 0), f"empty sequences must give exact zeros (seed {seed})"
+
+
+@pytest.mark.parametrize(
+    "params", [FwdParams(q_blocksize=1, kv_blocksize=4), FwdParams(q_blocksize=2, kv_blocksize=12)], ids=str
+)
+def test_launch_parameters_do_not_change_the_result(impl, params):
+    """Small blocks and chunks (several chunks, a block of several pages, a block past the table's end)."""
+    key, seed = fresh_key()
+    case = Case("blocks", lens=(0, 9, 21, 3, 16), options=(("sliding_window", 10),))
+    args, kwargs, _ = make_inputs(case, "float32", key)
+    skip_if_unsupported(impl, args, kwargs)
+    cfg = PageAttentionConfig(fwd_params=params)
+    out = jitted(lambda *a, **kw: call(impl, *a, cfg=cfg, **kw), **kwargs)(*args)
+    assert_close(out, reference.page_attention(*args, **kwargs), FWD_RTOL["float32"], f"{params}", seed)
+
+
+def test_unread_cache_entries_never_leak(impl):
+    """NaN in every cache slot no sequence reads (the rest of last pages, spare pages) changes nothing."""
+    key, seed = fresh_key()
+    args, kwargs, cache = make_inputs(Case("poison", lens=(5, 0, 11, 1)), "float32", key)
+    skip_if_unsupported(impl, args, kwargs)
+    key_cache, value_cache = cache.poisoned()
+    out = jitted(lambda *a: call(impl, *a))(args[0], key_cache, value_cache, *args[3:])
+    assert np.all(np.isfinite(np.asarray(out))), f"NaN from unread cache slots leaked into the output (seed {seed})"
+    assert_close(out, reference.page_attention(*args), FWD_RTOL["float32"], "poisoned cache", seed)
+
+
+def test_not_differentiable(impl):
+    key, seed = fresh_key()
+    args, kwargs, _ = make_inputs(Case("grad", lens=(3, 5)), "float32", key)
+    skip_if_unsupported(impl, args, kwargs)
+    q, rest = args[0], args[1:]
+    with pytest.raises(TypeError, match="page_attention: not differentiable"):
+        jax.grad(lambda q: call(impl, q, *rest).sum())(q)
+    with pytest.raises(TypeError, match="page_attention: not differentiable"):
+        jax.jvp(lambda q: call(impl, q, *rest), (q,), (q,))
+    # Inputs under stop_gradient pass: the rest of a computation stays differentiable.
+    w = jax.jit(jax.grad(lambda w: (w * call(impl, jax.lax.stop_gradient(q), *rest)).sum()))(1.0)
+    assert np.isfinite(float(w))
+
+
+def test_jit_and_vmap_agree_with_the_reference(impl):
+    key, seed = fresh_key()
+    args, _, _ = make_inputs(Case("t", lens=(6, 0, 13)), "float32", key)
+    skip_if_unsupported(impl, args, {})
+    want = jax.jit(reference.page_attention)(*args)
+    compiled = jax.jit(lambda *a: call(impl, *a))(*args)
+    # vmap over two groups of sequences that share the cache.
+    q2, lens2, tables2 = (jnp.stack([x, x[::-1]]) for x in (args[0], args[3], args[4]))
+    mapped = jax.jit(jax.vmap(lambda q, n, t: call(impl, q, args[1], args[2], n, t)))(q2, lens2, tables2)
+    assert_close(compiled, want, FWD_RTOL["float32"], "jit", seed)
+    assert_close(mapped[0], want, FWD_RTOL["float32"], "vmap", seed)
+    assert_close(mapped[1], want[::-1], FWD_RTOL["float32"], "vmap reversed", seed)
+
+
+def _bad(q: Any, kc: Any, vc: Any, lens: Any, tables: Any, **kw: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    return (q, kc, vc, lens, tables), kw
+
+
+BAD_INPUTS = [
+    ("query_ndim", lambda q, kc, vc, n, t: _bad(q[None], kc, vc, n, t), r"query must be a 3-D array \[N, H, D\]"),
+    ("cache_ndim", lambda q, kc, vc, n, t: _bad(q, kc[0], vc, n, t), r"key_cache must be a 4-D array"),
+    ("int_query", lambda q, kc, vc, n, t: _bad(q.astype(jnp.int32), kc, vc, n, t), "query must be float32"),
+    (
+        "dtype_mismatch",
+        lambda q, kc, vc, n, t: _bad(q, kc.astype(jnp.bfloat16), vc, n, t),
+        "query, key_cache, value_cache must share a dtype",
+    ),
+    ("heads", lambda q, kc, vc, n, t: _bad(q[:, :3], kc, vc, n, t), "multiple of key/value heads K=2"),
+    (
+        "head_dim",
+        lambda q, kc, vc, n, t: _bad(q[..., :8], kc, vc, n, t),
+        "key_cache head dim must equal query head dim",
+    ),
+    ("value_pages", lambda q, kc, vc, n, t: _bad(q, kc, vc[:3], n, t), r"value_cache must be \[P, page, K, Dv\]"),
+    (
+        "lens_float",
+        lambda q, kc, vc, n, t: _bad(q, kc, vc, n.astype(jnp.float32), t),
+        "context_lens must be an integer",
+    ),
+    ("lens_shape", lambda q, kc, vc, n, t: _bad(q, kc, vc, n[:1], t), r"context_lens must have shape \[N\] = \[2\]"),
+    ("tables_float", lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t * 1.0), "block_tables must be an integer array"),
+    ("tables_rows", lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t[:1]), r"block_tables must have shape \[N, M\]"),
+    ("tables_empty", lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t[:, :0]), "at least one column"),
+    (
+        "window_zero",
+        lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t, sliding_window=0),
+        "sliding_window must be an int >= 1",
+    ),
+    ("window_pair", lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t, sliding_window=(3, 0)), "sliding_window must be"),
+    (
+        "soft_cap",
+        lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t, logits_soft_cap=-1.0),
+        "logits_soft_cap must be a positive",
+    ),
+    ("scale", lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t, softmax_scale="x"), "softmax_scale must be a Python float"),
+    ("unknown_option", lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t, causal=True), "causal"),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "message"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_inputs_are_refused_with_a_clear_error(impl, name, make, message):
+    q = jnp.ones((2, 4, 16))
+    kc = vc = jnp.ones((6, 4, 2, 16))
+    args, kwargs = make(q, kc, vc, jnp.array([3, 5], jnp.int32), jnp.array([[0, 1], [2, 3]], jnp.int32))
+    with pytest.raises((ValueError, TypeError), match=message):
+        call(impl, *args, **kwargs)

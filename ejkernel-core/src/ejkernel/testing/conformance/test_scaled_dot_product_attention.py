@@ -1,0 +1,303 @@
+"""Conformance suite of ``scaled_dot_product_attention``: every installed implementation against the reference,
+and against ``jax.nn.dot_product_attention`` wherever the two contracts agree.
+
+Layout (jax's letters): B batch, T query length, S key length, N query heads, K kv heads, H head dim, Hv value dim.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from ejkernel.kernels.params import BwdParams, FwdParams
+from ejkernel.modules import scaled_dot_product_attention
+from ejkernel.modules.operations.configs import ScaledDotProductAttentionConfig
+from ejkernel.modules.operations.scaled_dot_product_attention import _kernel
+from ejkernel.testing import reference
+from ejkernel.testing.conformance._harness import (
+    FWD_RTOL,
+    GRAD_RTOL,
+    assert_close,
+    call_forced,
+    fresh_key,
+    implementations_under_test,
+    jitted,
+)
+from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
+
+OP = "scaled_dot_product_attention"
+
+
+def pytest_generate_tests(metafunc: Any) -> None:
+    if "impl" in metafunc.fixturenames:
+        metafunc.parametrize("impl", implementations_under_test(metafunc.config, OP))
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One call shape plus options; ``arrays`` names extra array inputs the case builds."""
+
+    name: str
+    b: int = 2
+    t: int = 37  # deliberately not a multiple of any block size
+    s: int = 53
+    n: int = 4
+    k: int = 2
+    h: int = 32
+    hv: int | None = None
+    options: tuple[tuple[str, Any], ...] = ()
+    arrays: tuple[str, ...] = ()
+
+
+CASES = [
+    Case("plain"),
+    Case("causal_t_gt_s", t=53, s=37, options=(("is_causal", True),)),
+    # T > S + left: the last queries see no key and give zeros. The bias broadcasts along T (one constant
+    # along S would have a zero gradient: softmax ignores it).
+    Case(
+        "window_causal_t_gt_s_bias",
+        t=53,
+        s=37,
+        arrays=("bias_heads_keys",),
+        options=(("local_window_size", 5), ("is_causal", True)),
+    ),
+    Case("bias_full_mqa", k=1, arrays=("bias_full",)),
+    Case("mask_keys_hv_differs", hv=48, arrays=("mask_keys",)),
+    Case("mask_queries_scale", arrays=("mask_queries",), options=(("scale", 0.7),)),
+    # Causal with T < S: top-left, so keys past T are never seen.
+    Case("mask_full_causal", arrays=("mask_full",), options=(("is_causal", True),)),
+    Case("seq_lengths", arrays=("seq_lengths",), options=(("local_window_size", (4, 2)),)),
+    Case("length_one_query", t=1, s=29),  # decoding (top-left causal would leave it key 0 alone)
+]
+_BY_NAME = {c.name: c for c in CASES}
+# Every case in float32; the half-precision dtypes on the cases that exercise a different path each.
+DTYPE_CASES = [pytest.param(c, "float32", id=f"{c.name}-float32") for c in CASES] + [
+    pytest.param(_BY_NAME[name], dtype, id=f"{name}-{dtype}")
+    for dtype in ("bfloat16", "float16")
+    for name in ("causal_t_gt_s", "seq_lengths")
+]
+
+
+def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    kq, kk, kv, kb, km = jax.random.split(key, 5)
+    b, t, s, n = case.b, case.t, case.s, case.n
+    q = jax.random.normal(kq, (b, t, n, case.h), jnp.float32).astype(dtype)
+    k = jax.random.normal(kk, (b, s, case.k, case.h), jnp.float32).astype(dtype)
+    v = jax.random.normal(kv, (b, s, case.k, case.hv or case.h), jnp.float32).astype(dtype)
+    kwargs: dict[str, Any] = dict(case.options)
+    bias = mask = None
+    for name in case.arrays:
+        if name == "bias_full":
+            bias = jax.random.normal(kb, (b, n, t, s), jnp.float32).astype(dtype)
+        elif name == "bias_heads_keys":
+            bias = jax.random.normal(kb, (1, n, 1, s), jnp.float32).astype(dtype)
+        elif name == "mask_keys":  # key padding, per batch; batch 0 sees no key at all
+            mask = jax.random.bernoulli(km, 0.6, (b, 1, 1, s)).at[0].set(False)
+        elif name == "mask_queries":
+            mask = jax.random.bernoulli(km, 0.6, (1, 1, t, 1)).at[0, 0, 0].set(True)
+        elif name == "mask_full":
+            mask = jax.random.bernoulli(km, 0.7, (b, n, t, s)).at[1, 2, 5].set(False)  # one fully masked row
+        elif name == "seq_lengths":  # batch 1: 4 valid queries and no valid key
+            kwargs["query_seq_lengths"] = jnp.array([t - 5, 4], jnp.int32)
+            kwargs["key_value_seq_lengths"] = jnp.array([s - 9, 0], jnp.int32)
+        elif name == "seq_lengths_nonempty":  # under top-left causal every valid query row has key 0
+            kwargs["query_seq_lengths"] = jnp.array([t - 7, 3], jnp.int32)
+            kwargs["key_value_seq_lengths"] = jnp.array([1, s - 3], jnp.int32)
+    if mask is not None:
+        args: tuple[Any, ...] = (q, k, v, bias, mask)
+    else:
+        args = (q, k, v) if bias is None else (q, k, v, bias)
+    return args, kwargs
+
+
+def call(impl: Any, *args: Any, **kwargs: Any) -> Any:
+    return call_forced(scaled_dot_product_attention, impl, *args, **kwargs)
+
+
+def skip_if_unsupported(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    _skip_if_unsupported(impl, _kernel, scaled_dot_product_attention, args, kwargs)
+
+
+def _float_argnums(args: tuple[Any, ...]) -> tuple[int, ...]:
+    return tuple(i for i, x in enumerate(args) if x is not None and jnp.issubdtype(x.dtype, jnp.floating))
+
+
+def _out_and_grads(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cot: jax.Array) -> Any:
+    """``fn``'s output and the gradients of ``sum(out * cot)`` in q, k, v (and bias), compiled as one."""
+    argnums = _float_argnums(args)
+
+    def both(*a: Any, **kw: Any) -> Any:
+        def loss(*x: Any) -> Any:
+            full = list(a)
+            for i, xi in zip(argnums, x):
+                full[i] = xi
+            out = fn(*full, **kw)
+            return jnp.sum(out.astype(jnp.float32) * cot.astype(jnp.float32)), out
+
+        grads, out = jax.grad(loss, argnums=tuple(range(len(argnums))), has_aux=True)(*(a[i] for i in argnums))
+        return out, grads
+
+    return jitted(both, **kwargs)(*args)
+
+
+@pytest.mark.parametrize(("case", "dtype"), DTYPE_CASES)
+def test_forward_and_gradients_match_reference(impl, case, dtype):
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, dtype, key)
+    skip_if_unsupported(impl, args, kwargs)
+    cot = jax.random.normal(jax.random.fold_in(key, 1), (case.b, case.t, case.n, case.hv or case.h)).astype(dtype)
+    out, grads = _out_and_grads(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, cot)
+    want, want_grads = _out_and_grads(reference.scaled_dot_product_attention, args, kwargs, cot)
+    assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != input dtype {dtype}"
+    assert_close(out, want, FWD_RTOL[dtype], f"{case.name} forward", seed)
+    for name, g, w in zip(("dq", "dk", "dv", "dbias"), grads, want_grads):
+        assert g.dtype == w.dtype, f"{name} dtype {g.dtype} != {w.dtype}"
+        assert_close(g, w, GRAD_RTOL[dtype], f"{case.name} {name}", seed)
+
+
+# Calls where every query row has a key: there jax.nn.dot_product_attention and the contract agree.
+JAX_CASES = [
+    Case("causal_t_lt_s", options=(("is_causal", True),)),
+    Case("causal_t_gt_s_bias", t=53, s=37, arrays=("bias_heads_keys",), options=(("is_causal", True),)),
+    Case("window_asymmetric_mqa", k=1, options=(("local_window_size", (3, 9)), ("scale", 0.7))),
+    Case("seq_lengths_causal", arrays=("seq_lengths_nonempty",), options=(("is_causal", True),)),
+]
+
+
+@pytest.mark.parametrize("case", JAX_CASES, ids=lambda c: c.name)
+def test_matches_jax_dot_product_attention(impl, case):
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, "float32", key)
+    skip_if_unsupported(impl, args, kwargs)
+    out = jitted(lambda *a, **kw: call(impl, *a, **kw), **kwargs)(*args)
+    want = jitted(lambda *a, **kw: jax.nn.dot_product_attention(*a, **kw, implementation="xla"), **kwargs)(*args)
+    assert_close(out, want, FWD_RTOL["float32"], f"{case.name} against jax.nn.dot_product_attention", seed)
+
+
+def test_many_blocks_match_reference(impl):
+    """Block sizes far below the lengths, so that block skipping and the band's edges are exercised."""
+    case = Case("blocks", b=1, t=70, s=45, n=2, k=1, h=16, options=(("local_window_size", (9, 4)),))
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, "float32", key)
+    kwargs["key_value_seq_lengths"] = jnp.array([40], jnp.int32)
+    skip_if_unsupported(impl, args, kwargs)
+    cfg = ScaledDotProductAttentionConfig(
+        fwd_params=FwdParams(q_blocksize=16, kv_blocksize=8), bwd_params=BwdParams(q_blocksize=8, kv_blocksize=16)
+    )
+    cot = jax.random.normal(jax.random.fold_in(key, 1), (1, 70, 2, 16))
+    out, grads = _out_and_grads(lambda *a, **kw: call(impl, *a, **kw, cfg=cfg), args, kwargs, cot)
+    want, want_grads = _out_and_grads(reference.scaled_dot_product_attention, args, kwargs, cot)
+    assert_close(out, want, FWD_RTOL["float32"], "small blocks forward", seed)
+    for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
+        assert_close(g, w, GRAD_RTOL["float32"], f"small blocks {name}", seed)
+
+
+def test_check_grads_numerically(impl):
+    """Finite differences on a tiny call with a bias, T > S and a causal window (compiled once, evaluated many times)."""
+    case = Case(
+        "tiny",
+        b=1,
+        t=9,
+        s=7,
+        n=2,
+        k=1,
+        h=8,
+        arrays=("bias_heads_keys",),
+        options=(("local_window_size", (4, 1)), ("is_causal", True)),
+    )
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, "float32", key)
+    skip_if_unsupported(impl, args, kwargs)
+    with jax.enable_x64(False):
+        fn = jax.jit(lambda *a: call(impl, *a, **kwargs))
+        check_grads(fn, args, order=1, modes=("rev",), atol=3e-2, rtol=3e-2, eps=1e-2)
+
+
+def test_rows_without_keys_give_zeros_where_jax_gives_the_mean(impl):
+    key, seed = fresh_key()
+    case = Case("empty_rows", b=2, t=9, s=6, n=2, k=2, h=16)
+    args, _ = make_inputs(case, "float32", key)
+    # Batch 0: query rows 2 and 5 masked whole; batch 1: no valid key at all. With the window
+    # (left 1, causal), rows 7 and 8 of batch 0 see no key either (7 - 1 > S - 1).
+    mask = jnp.ones((2, 1, 9, 6), bool).at[0, :, 2].set(False).at[0, :, 5].set(False)
+    kwargs: dict[str, Any] = {
+        "key_value_seq_lengths": jnp.array([6, 0], jnp.int32),
+        "local_window_size": 1,
+        "is_causal": True,
+    }
+    skip_if_unsupported(impl, (*args, None, mask), kwargs)
+
+    def out_and_grads(*a: Any) -> Any:
+        out, vjp = jax.vjp(lambda q, k, v: call(impl, q, k, v, None, mask, **kwargs), *a)
+        return out, vjp(jnp.ones_like(out))
+
+    out, (dq, dk, dv) = jax.jit(out_and_grads)(*args)
+    empty = np.zeros((2, 9), bool)
+    empty[0, [2, 5, 7, 8]] = True
+    empty[1] = True
+    assert np.all(np.isfinite(out)), f"NaN/inf in the output (seed {seed})"
+    assert np.all(np.asarray(out)[empty] == 0), f"rows without keys must be exactly zero (seed {seed})"
+    assert np.all(np.abs(np.asarray(out)[~empty]).max(axis=-1) > 0), f"rows with keys must not be zero (seed {seed})"
+    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
+        assert np.all(np.isfinite(g)), f"{name} has NaN/inf (seed {seed})"
+    assert np.all(np.asarray(dq)[empty] == 0)
+    # The documented difference: jax averages all values on such rows (jax changing this would make
+    # the contract's note stale).
+    q, k, v = args
+    jax_out = jax.nn.dot_product_attention(q, k, v, None, mask, **kwargs, implementation="xla")
+    mean_v = jnp.broadcast_to(args[2].mean(axis=1, keepdims=True), out.shape)
+    np.testing.assert_allclose(np.asarray(jax_out)[0, 2], np.asarray(mean_v)[0, 2], atol=1e-5)
+
+
+def test_jit_and_vmap_agree_with_eager(impl):
+    key, seed = fresh_key()
+    args, _ = make_inputs(Case("t", b=2, t=7, s=9, n=2, k=1, h=8), "float32", key)
+    skip_if_unsupported(impl, args, {"is_causal": True})
+    eager = call(impl, *args, is_causal=True)
+    jit_out = jax.jit(lambda *a: call(impl, *a, is_causal=True))(*args)
+    vmapped = jax.vmap(lambda *a: call(impl, *a, is_causal=True))(*(x[:, None] for x in args))[:, 0]
+    assert_close(jit_out, eager, 1e-6, "jit", seed)
+    assert_close(vmapped, eager, 1e-5, "vmap", seed)
+
+
+BAD_INPUTS = [
+    ("query_ndim", lambda q, k, v: ((q[0], k, v), {}), "query must be 4-D"),
+    ("dtype_mismatch", lambda q, k, v: ((q, k.astype(jnp.bfloat16), v), {}), "must share a dtype"),
+    ("int_query", lambda q, k, v: ((q.astype(jnp.int32), k, v), {}), "query must be float32, bfloat16 or float16"),
+    ("heads", lambda q, k, v: ((q[:, :, :3], k, v), {}), "multiple of key/value heads"),
+    ("head_dim", lambda q, k, v: ((q, k[..., :8], v), {}), "key head dim must equal query head dim"),
+    ("value_length", lambda q, k, v: ((q, k, v[:, :5]), {}), r"value must be \[B, S, K, Hv\]"),
+    ("bias_ndim", lambda q, k, v: ((q, k, v, jnp.zeros((8, 8))), {}), "bias must be 4-D, broadcastable"),
+    ("bias_shape", lambda q, k, v: ((q, k, v, jnp.zeros((2, 3, 8, 8))), {}), "bias must be 4-D, broadcastable"),
+    ("mask_dtype", lambda q, k, v: ((q, k, v, None, jnp.ones((1, 1, 8, 8))), {}), "mask must be bool"),
+    ("mask_shape", lambda q, k, v: ((q, k, v, None, jnp.ones((1, 1, 8, 7), bool)), {}), "mask must be 4-D"),
+    (
+        "seq_lengths_shape",
+        lambda q, k, v: ((q, k, v), {"query_seq_lengths": jnp.array([8, 8, 8], jnp.int32)}),
+        r"query_seq_lengths must be an integer array of shape \[B\]",
+    ),
+    (
+        "seq_lengths_dtype",
+        lambda q, k, v: ((q, k, v), {"key_value_seq_lengths": jnp.array([8.0, 8.0])}),
+        "key_value_seq_lengths must be an integer array",
+    ),
+    ("window", lambda q, k, v: ((q, k, v), {"local_window_size": (-1, 2)}), "local_window_size must be"),
+    ("causal_type", lambda q, k, v: ((q, k, v), {"is_causal": 1}), "is_causal must be a bool"),
+    ("scale_type", lambda q, k, v: ((q, k, v), {"scale": jnp.float32(0.5)}), "scale must be a Python float"),
+    ("unknown_option", lambda q, k, v: ((q, k, v), {"causal": True}), "causal"),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "message"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_inputs_are_refused_with_a_clear_error(impl, name, make, message):
+    q = jnp.ones((2, 8, 4, 16))
+    k = v = jnp.ones((2, 8, 2, 16))
+    args, kwargs = make(q, k, v)
+    with pytest.raises((ValueError, TypeError), match=rf"^{OP}\b.*{message}"):
+        call(impl, *args, **kwargs)

@@ -1,0 +1,89 @@
+"""XLA ``page_attention``: one decode query per sequence, key blocks gathered page by page (see ``_paged``).
+
+``fwd_params.kv_blocksize``: keys per block, rounded down to whole pages (at least one page);
+``fwd_params.q_blocksize``: sequences processed together (a chunk; chunks run one after another, each
+over the blocks its longest sequence needs, sequences sorted by length first). None: ``heuristic_cfg``.
+There is no backward: the op is not differentiable. ``num_warps``/``num_stages`` mean nothing here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.kernels.signatures.page_attention import refuse_gradients
+from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
+
+from ejkernel_xla._paged import candidate_blocks, choose_blocks, chunk_for, options, paged_items
+
+OP = "page_attention"
+
+
+def _blocks(n: int, h: int, kh: int, e: int, page: int, m: int) -> tuple[int, int]:
+    return choose_blocks(n, 1, h, kh, e, m * page, page)
+
+
+def _dims(inv: Any) -> tuple[int, int, int, int, int, int]:
+    n, h, d = inv.arguments["query"].shape
+    _, page, kh, _ = inv.arguments["key_cache"].shape
+    e = max(int(d), int(inv.arguments["value_cache"].shape[-1]))
+    return int(n), int(h), int(kh), e, int(page), int(inv.arguments["block_tables"].shape[1])
+
+
+def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
+    if stage != "fwd":
+        return BwdParams()  # not differentiable: nothing to tune
+    bk, c = _blocks(*_dims(inv))
+    return FwdParams(q_blocksize=c, kv_blocksize=bk)
+
+
+def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
+    if stage != "fwd":
+        return [BwdParams()]
+    n, h, kh, e, page, m = _dims(inv)
+    bk, c = _blocks(n, h, kh, e, page, m)
+    return [FwdParams(q_blocksize=cc, kv_blocksize=bb) for bb, cc in candidate_blocks(bk, c, n, m * page, page)]
+
+
+def page_attention(
+    query: jax.Array,
+    key_cache: jax.Array,
+    value_cache: jax.Array,
+    context_lens: jax.Array,
+    block_tables: jax.Array,
+    *,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+) -> jax.Array:
+    """Paged decode attention (contract: ``ejkernel.kernels.signatures.page_attention``)."""
+    query, key_cache, value_cache = refuse_gradients(OP, query, key_cache, value_cache)
+    n, h, d = query.shape
+    _, page, kh, _ = key_cache.shape
+    m, e = block_tables.shape[1], max(d, value_cache.shape[-1])
+    bk, c = _blocks(n, h, kh, e, page, m)
+    if fwd_params is not None and fwd_params.kv_blocksize:
+        bk = max(1, min(m, fwd_params.kv_blocksize // page)) * page  # whole pages, as paged_items rounds it
+        c = chunk_for(bk, n, 1, h, kh, e)
+    if fwd_params is not None and fwd_params.q_blocksize:
+        c = fwd_params.q_blocksize
+    lens = jnp.asarray(context_lens).astype(jnp.int32)
+    out = paged_items(
+        options(d, softmax_scale, logits_soft_cap, sliding_window),
+        query[:, None],  # one row per sequence, at position L - 1 (-1: an empty sequence, zeros)
+        key_cache,
+        value_cache,
+        jnp.asarray(block_tables),
+        lens,
+        (lens - 1)[:, None],
+        kv_tokens=bk,
+        chunk=c,
+    )
+    return out[:, 0]
+
+
+__all__ = ["candidate_cfgs", "heuristic_cfg", "page_attention"]

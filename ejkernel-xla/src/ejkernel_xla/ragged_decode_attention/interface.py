@@ -1,0 +1,85 @@
+"""XLA ``ragged_decode_attention``: blockwise over the dense cache, only the blocks some row's range touches
+(see ``_paged.ragged_dense``).
+
+``fwd_params.kv_blocksize``: keys per block (at most S); ``fwd_params.q_blocksize``: batch rows processed
+together (a chunk; each chunk loops over the blocks its rows' ranges cover). None: ``heuristic_cfg``.
+There is no backward: the op is not differentiable. ``num_warps``/``num_stages`` mean nothing here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.kernels.signatures.ragged_decode_attention import refuse_gradients
+from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
+
+from ejkernel_xla._paged import candidate_blocks, choose_blocks, chunk_for, options, ragged_dense
+
+OP = "ragged_decode_attention"
+
+
+def _dims(inv: Any) -> tuple[int, int, int, int, int]:
+    b, h, d = inv.arguments["query"].shape
+    _, s, kh, _ = inv.arguments["key"].shape
+    e = max(int(d), int(inv.arguments["value"].shape[-1]))
+    return int(b), int(h), int(kh), e, int(s)
+
+
+def _blocks(b: int, h: int, kh: int, e: int, s: int) -> tuple[int, int]:
+    return choose_blocks(b, 1, h, kh, e, s, 1)
+
+
+def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
+    if stage != "fwd":
+        return BwdParams()  # not differentiable: nothing to tune
+    bk, c = _blocks(*_dims(inv))
+    return FwdParams(q_blocksize=c, kv_blocksize=bk)
+
+
+def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
+    if stage != "fwd":
+        return [BwdParams()]
+    b, h, kh, e, s = _dims(inv)
+    bk, c = _blocks(b, h, kh, e, s)
+    return [FwdParams(q_blocksize=cc, kv_blocksize=bb) for bb, cc in candidate_blocks(bk, c, b, s, 1)]
+
+
+def ragged_decode_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    sequence_start: jax.Array,
+    sequence_end: jax.Array,
+    *,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+) -> jax.Array:
+    """Ragged decode attention (contract: ``ejkernel.kernels.signatures.ragged_decode_attention``)."""
+    query, key, value = refuse_gradients(OP, query, key, value)
+    b, h, d = query.shape
+    s, kh, e = key.shape[1], key.shape[2], max(d, value.shape[-1])
+    bk, c = _blocks(b, h, kh, e, s)
+    if fwd_params is not None and fwd_params.kv_blocksize:
+        bk = max(1, min(s, fwd_params.kv_blocksize))
+        c = chunk_for(bk, b, 1, h, kh, e)
+    if fwd_params is not None and fwd_params.q_blocksize:
+        c = fwd_params.q_blocksize
+    return ragged_dense(
+        options(d, softmax_scale, logits_soft_cap, sliding_window),
+        query,
+        key,
+        value,
+        jnp.asarray(sequence_start),
+        jnp.asarray(sequence_end),
+        kv_tokens=bk,
+        chunk=c,
+    )
+
+
+__all__ = ["candidate_cfgs", "heuristic_cfg", "ragged_decode_attention"]

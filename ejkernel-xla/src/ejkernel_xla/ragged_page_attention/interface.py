@@ -1,0 +1,109 @@
+"""XLA ``ragged_page_attention``: every live sequence's queries cut into items of ``q_blocksize`` rows,
+key blocks gathered page by page for many items at once (see ``_paged``).
+
+``fwd_params.q_blocksize``: query rows per item (a decode sequence fills one row of its item, so small
+values suit decode-heavy batches and large ones prefill); ``fwd_params.kv_blocksize``: keys per block,
+rounded down to whole pages (at least one). Items per chunk follow from both (``choose_blocks``).
+None: ``heuristic_cfg``. There is no backward: the op is not differentiable.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel.kernels.signatures.ragged_page_attention import refuse_gradients
+from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
+
+from ejkernel_xla._paged import candidate_blocks, choose_blocks, chunk_for, default_rows, options, ragged_paged
+
+OP = "ragged_page_attention"
+
+_ROW_FACTORS = (1, 0.25, 4)
+
+
+def _items(t: int, s: int, r: int) -> int:
+    return max(1, min(t, (t + s * (r - 1)) // r))
+
+
+def _dims(inv: Any) -> tuple[int, int, int, int, int, int, int]:
+    t, h, d = inv.arguments["query"].shape
+    _, page, kh, _ = inv.arguments["key_cache"].shape
+    e = max(int(d), int(inv.arguments["value_cache"].shape[-1]))
+    s, m = inv.arguments["block_tables"].shape
+    return int(t), int(s), int(h), int(kh), e, int(page), int(m)
+
+
+def _plan(t: int, s: int, h: int, kh: int, e: int, page: int, m: int, rows: int | None,
+          kv_tokens: int | None) -> tuple[int, int, int]:  # fmt: skip
+    """``(rows per item, key block tokens, items per chunk)``: the given ones, the heuristic for the rest."""
+    r = max(1, min(rows or default_rows(t, s), t))
+    bk, c = choose_blocks(_items(t, s, r), r, h, kh, e, m * page, page)
+    if kv_tokens:
+        bk = max(1, min(m, kv_tokens // page)) * page  # whole pages, as paged_items rounds it
+        c = chunk_for(bk, _items(t, s, r), r, h, kh, e)
+    return r, bk, c
+
+
+def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
+    if stage != "fwd":
+        return BwdParams()  # not differentiable: nothing to tune
+    r, bk, _ = _plan(*_dims(inv), None, None)
+    return FwdParams(q_blocksize=r, kv_blocksize=bk)
+
+
+def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
+    if stage != "fwd":
+        return [BwdParams()]
+    t, s, h, kh, e, page, m = _dims(inv)
+    r0 = default_rows(t, s)
+    out: list[FwdParams | BwdParams] = []
+    for fr in _ROW_FACTORS:
+        r, bk, c = _plan(t, s, h, kh, e, page, m, max(1, int(r0 * fr)), None)
+        for bb, _ in candidate_blocks(bk, c, _items(t, s, r), m * page, page)[:3]:  # the key block factors
+            cfg = FwdParams(q_blocksize=r, kv_blocksize=bb)
+            if cfg not in out:
+                out.append(cfg)
+    return out
+
+
+def ragged_page_attention(
+    query: jax.Array,
+    key_cache: jax.Array,
+    value_cache: jax.Array,
+    kv_lens: jax.Array,
+    block_tables: jax.Array,
+    cu_q_lens: jax.Array,
+    num_seqs: Any,
+    *,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
+    fwd_params: FwdParams | None = None,
+    bwd_params: BwdParams | None = None,
+) -> jax.Array:
+    """Ragged paged attention (contract: ``ejkernel.kernels.signatures.ragged_page_attention``)."""
+    query, key_cache, value_cache = refuse_gradients(OP, query, key_cache, value_cache)
+    t, h, d = query.shape
+    _, page, kh, _ = key_cache.shape
+    s, m = block_tables.shape
+    p = fwd_params or FwdParams()
+    r, bk, c = _plan(t, s, h, kh, max(d, value_cache.shape[-1]), page, m, p.q_blocksize, p.kv_blocksize)
+    return ragged_paged(
+        options(d, softmax_scale, logits_soft_cap, sliding_window),
+        query,
+        key_cache,
+        value_cache,
+        jnp.asarray(kv_lens),
+        jnp.asarray(block_tables),
+        jnp.asarray(cu_q_lens),
+        num_seqs,
+        rows=r,
+        kv_tokens=bk,
+        chunk=c,
+    )
+
+
+__all__ = ["candidate_cfgs", "heuristic_cfg", "ragged_page_attention"]

@@ -1,0 +1,4 @@
+"""The ``grouped_matmul`` conformance suite (it lives in ``ejkernel.testing.conformance`` so plugins can reuse it)."""
+
+from ejkernel.testing.conformance.test_grouped_matmul import *  # noqa: F403
+from ejkernel.testing.conformance.test_grouped_matmul import pytest_generate_tests  # noqa: F401

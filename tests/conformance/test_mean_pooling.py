@@ -1,0 +1,4 @@
+"""The ``mean_pooling`` conformance suite (it lives in ``ejkernel.testing.conformance`` so plugins can reuse it)."""
+
+from ejkernel.testing.conformance.test_mean_pooling import *  # noqa: F403
+from ejkernel.testing.conformance.test_mean_pooling import pytest_generate_tests  # noqa: F401

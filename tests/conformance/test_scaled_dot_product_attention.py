@@ -1,0 +1,4 @@
+"""The ``scaled_dot_product_attention`` conformance suite (it lives in ``ejkernel.testing.conformance`` so plugins can reuse it)."""
+
+from ejkernel.testing.conformance.test_scaled_dot_product_attention import *  # noqa: F403
+from ejkernel.testing.conformance.test_scaled_dot_product_attention import pytest_generate_tests  # noqa: F401
