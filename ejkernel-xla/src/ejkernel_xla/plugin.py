@@ -174,6 +174,36 @@ def ejkernel_register_kernels(registry: Any) -> None:
         impl="ejkernel_xla.grouped_matmul.ragged:grouped_matmul",
         version=__version__,
     )
+    registry.register(
+        "gla",
+        "xla",
+        "any",
+        priority=10,
+        impl="ejkernel_xla.gla:gla",
+        heuristic_cfg="ejkernel_xla.gla:heuristic_cfg",
+        candidate_cfgs="ejkernel_xla.gla:candidate_cfgs",
+        version=__version__,
+    )
+    registry.register(
+        "lightning_attn",
+        "xla",
+        "any",
+        priority=10,
+        impl="ejkernel_xla.lightning_attn:lightning_attn",
+        heuristic_cfg="ejkernel_xla.lightning_attn:heuristic_cfg",
+        candidate_cfgs="ejkernel_xla.lightning_attn:candidate_cfgs",
+        version=__version__,
+    )
+    registry.register(
+        "recurrent",
+        "xla",
+        "any",
+        priority=10,
+        impl="ejkernel_xla.recurrent:recurrent",
+        heuristic_cfg="ejkernel_xla.recurrent:heuristic_cfg",
+        candidate_cfgs="ejkernel_xla.recurrent:candidate_cfgs",
+        version=__version__,
+    )
     # (one registration per op above this line, in the order of the catalogue)
 
 

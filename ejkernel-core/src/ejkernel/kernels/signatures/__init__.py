@@ -15,13 +15,16 @@ from ejkernel.kernels.signatures import attention as _attention
 from ejkernel.kernels.signatures import block_sparse_attention as _block_sparse_attention
 from ejkernel.kernels.signatures import flash_attention as _flash_attention
 from ejkernel.kernels.signatures import gated_delta_rule as _gated_delta_rule
+from ejkernel.kernels.signatures import gla as _gla
 from ejkernel.kernels.signatures import grouped_matmul as _grouped_matmul
+from ejkernel.kernels.signatures import lightning_attn as _lightning_attn
 from ejkernel.kernels.signatures import mean_pooling as _mean_pooling
 from ejkernel.kernels.signatures import multi_head_latent_attention as _multi_head_latent_attention
 from ejkernel.kernels.signatures import native_sparse_attention as _native_sparse_attention
 from ejkernel.kernels.signatures import page_attention as _page_attention
 from ejkernel.kernels.signatures import ragged_decode_attention as _ragged_decode_attention
 from ejkernel.kernels.signatures import ragged_page_attention as _ragged_page_attention
+from ejkernel.kernels.signatures import recurrent as _recurrent
 from ejkernel.kernels.signatures import ring_attention as _ring_attention
 from ejkernel.kernels.signatures import scaled_dot_product_attention as _scaled_dot_product_attention
 
@@ -116,6 +119,24 @@ OPS: dict[str, OpSpec] = {
         "native_sparse_attention",
         _native_sparse_attention.native_sparse_attention,
         _native_sparse_attention.validate,
+        provided_by=("ejkernel-xla",),
+    ),
+    "gla": OpSpec(
+        "gla",
+        _gla.gla,
+        _gla.validate,
+        provided_by=("ejkernel-xla", "ejkernel-pallas"),
+    ),
+    "lightning_attn": OpSpec(
+        "lightning_attn",
+        _lightning_attn.lightning_attn,
+        _lightning_attn.validate,
+        provided_by=("ejkernel-xla",),
+    ),
+    "recurrent": OpSpec(
+        "recurrent",
+        _recurrent.recurrent,
+        _recurrent.validate,
         provided_by=("ejkernel-xla",),
     ),
     # (one entry per op above this line, in the order of the catalogue)

@@ -10,7 +10,9 @@ from ejkernel.modules.operations.configs import *  # noqa: F403
 from ejkernel.modules.operations.configs import __all__ as _configs
 from ejkernel.modules.operations.flash_attention import FlashAttention, flash_attention
 from ejkernel.modules.operations.gated_delta_rule import GatedDeltaRule, gated_delta_rule
+from ejkernel.modules.operations.gla import GLA, gla
 from ejkernel.modules.operations.grouped_matmul import GroupedMatmul, grouped_matmul
+from ejkernel.modules.operations.lightning_attn import LightningAttn, lightning_attn
 from ejkernel.modules.operations.mean_pooling import MeanPooling, mean_pooling
 from ejkernel.modules.operations.multi_head_latent_attention import (
     MultiHeadLatentAttention,
@@ -21,6 +23,7 @@ from ejkernel.modules.operations.native_sparse_attention import NativeSparseAtte
 from ejkernel.modules.operations.page_attention import PageAttention, page_attention
 from ejkernel.modules.operations.ragged_decode_attention import RaggedDecodeAttention, ragged_decode_attention
 from ejkernel.modules.operations.ragged_page_attention import RaggedPageAttention, ragged_page_attention
+from ejkernel.modules.operations.recurrent import Recurrent, recurrent
 from ejkernel.modules.operations.ring_attention import RingAttention, ring_attention, ring_attention_layout
 from ejkernel.modules.operations.scaled_dot_product_attention import (
     ScaledDotProductAttention,
@@ -60,5 +63,11 @@ __all__ = [
     "mean_pooling",
     "GroupedMatmul",
     "grouped_matmul",
+    "GLA",
+    "gla",
+    "LightningAttn",
+    "lightning_attn",
+    "Recurrent",
+    "recurrent",
     # (the op's Kernel class and function above this line)
 ]

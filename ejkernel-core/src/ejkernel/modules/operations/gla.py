@@ -1,0 +1,111 @@
+"""``gla``: the public function and its operations-layer ``Kernel``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jaxtyping import Array, Float, Int
+
+from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._linear_attention import normalize_scale, timing_inputs
+from ejkernel.modules.operations.configs import GLAConfig
+from ejkernel.ops import Invocation, Kernel
+
+
+class GLA(Kernel[GLAConfig]):
+    op_id = "gla"
+    config_type = GLAConfig
+
+    def normalize(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        return normalize_scale(arguments)
+
+    def make_inputs(self, inv: Invocation, seed: int = 0) -> dict[str, Any]:
+        return timing_inputs(super().make_inputs(inv, seed), inv, ("g",))
+
+
+_kernel = GLA()
+
+
+def gla(
+    q: Float[Array, "B T H K"],
+    k: Float[Array, "B T H K"],
+    v: Float[Array, "B T H V"],
+    g: Float[Array, "B T H K"],
+    *,
+    scale: float | None = None,
+    initial_state: Float[Array, "B_or_N H K V"] | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Int[Array, "N+1"] | None = None,
+    platform: str | None = None,
+    backend: str | None = None,
+    cfg: GLAConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> tuple[Float[Array, "B T H V"], Float[Array, "B_or_N H K V"] | None]:
+    """Gated linear attention: a ``[K, V]`` state per head, decayed per key channel and fed ``k_t^T v_t``.
+
+    Shapes: B batch, T length, H heads (the same for every array), K query/key head dim, V value head
+    dim, N packed sequences. Token by token (flash-linear-attention's ``chunk_gla`` convention)::
+
+        S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t        o_t = scale * q_t S_t
+
+    Args:
+        q: queries ``[B, T, H, K]``.
+        k: keys ``[B, T, H, K]``.
+        v: values ``[B, T, H, V]``.
+        g: log decay of every key channel ``[B, T, H, K]``, ``<= 0`` (e.g. ``log_sigmoid(x) / 16``); any
+            float dtype, differentiable.
+        scale: multiplies ``q``, default ``K ** -0.5``.
+        initial_state: the state before the first token, ``[B, H, K, V]`` (``[N, H, K, V]`` with
+            ``cu_seqlens``); default zeros; differentiable.
+        output_final_state: also return the state after the last token.
+        cu_seqlens: ``[N+1]`` offsets of sequences packed along T (B must be 1); each starts from its own
+            initial state; tokens outside every sequence give zeros.
+        platform: restrict to one kernel platform (``"xla"``, ...); default: any.
+        backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
+        cfg: a ``GLAConfig`` that overrides the config chain (never cached); ``fwd_params.q_blocksize``
+            and ``bwd_params.q_blocksize`` are the chunk lengths of the XLA implementation.
+        mesh, in_specs, out_specs: run under ``jax.shard_map``; ``in_specs`` has one spec per array passed.
+
+    Returns:
+        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in ``q.dtype``; ``final_state`` ``[B or N, H, K, V]``
+        in float32 when ``output_final_state``, else ``None``.
+
+    Raises:
+        ValueError, TypeError: a bad shape, dtype or option (the message names it).
+        ejkernel.ops.ConfigError: no installed implementation can serve the call (the message says why).
+
+    Example:
+
+    >>> import jax, jax.numpy as jnp
+    >>> from ejkernel.modules import gla
+    >>> kq, kk, kv, kg = jax.random.split(jax.random.key(0), 4)
+    >>> q, k = jax.random.normal(kq, (2, 256, 4, 64)), jax.random.normal(kk, (2, 256, 4, 64))
+    >>> v = jax.random.normal(kv, (2, 256, 4, 32))
+    >>> g = jax.nn.log_sigmoid(jax.random.normal(kg, (2, 256, 4, 64))) / 16
+    >>> o, state = gla(q, k, v, g, output_final_state=True)
+    >>> o.shape, state.shape, state.dtype
+    ((2, 256, 4, 32), (2, 4, 64, 32), dtype('float32'))
+    """
+    arrays = {
+        "q": q,
+        "k": k,
+        "v": v,
+        "g": g,
+        "initial_state": initial_state,
+        "cu_seqlens": cu_seqlens,
+    }
+    options = {"scale": scale, "output_final_state": output_final_state}
+    return dispatch(
+        _kernel,
+        arrays,
+        options,
+        platform=platform,
+        backend=backend,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+    )

@@ -1,0 +1,111 @@
+"""``lightning_attn``: the public function and its operations-layer ``Kernel``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+from jaxtyping import Array, Float, Int
+
+from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._linear_attention import normalize_scale, timing_inputs
+from ejkernel.modules.operations.configs import LightningAttnConfig
+from ejkernel.ops import Invocation, Kernel
+
+
+class LightningAttn(Kernel[LightningAttnConfig]):
+    op_id = "lightning_attn"
+    config_type = LightningAttnConfig
+
+    def normalize(self, arguments: dict[str, Any]) -> dict[str, Any]:
+        return normalize_scale(arguments)
+
+    def make_inputs(self, inv: Invocation, seed: int = 0) -> dict[str, Any]:
+        return timing_inputs(super().make_inputs(inv, seed), inv, ())
+
+
+_kernel = LightningAttn()
+
+
+def lightning_attn(
+    q: Float[Array, "B T H K"],
+    k: Float[Array, "B T H K"],
+    v: Float[Array, "B T H V"],
+    slope: Float[Array, "H"],
+    *,
+    scale: float | None = None,
+    initial_state: Float[Array, "B_or_N H K V"] | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: Int[Array, "N+1"] | None = None,
+    platform: str | None = None,
+    backend: str | None = None,
+    cfg: LightningAttnConfig | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    in_specs: Any = None,
+    out_specs: Any = None,
+) -> tuple[Float[Array, "B T H V"], Float[Array, "B_or_N H K V"] | None]:
+    """Causal linear attention whose ``[K, V]`` state decays by ``exp(-slope[h])`` every step (Lightning Attention).
+
+    Shapes: B batch, T length, H heads (the same for every array), K query/key head dim, V value head
+    dim, N packed sequences. Token by token::
+
+        S_t = exp(-slope[h]) S_{t-1} + k_t^T v_t        o_t = scale * q_t S_t
+
+    that is ``o_t = scale * sum_{s <= t} exp(-slope[h] (t - s)) (q_t . k_s) v_s`` plus the decayed
+    initial state.
+
+    Args:
+        q: queries ``[B, T, H, K]``.
+        k: keys ``[B, T, H, K]``.
+        v: values ``[B, T, H, V]``.
+        slope: decay rate of every head ``[H]``, ``>= 0`` (0: no decay); any float dtype, differentiable.
+        scale: multiplies ``q``, default ``K ** -0.5``.
+        initial_state: the state before the first token, ``[B, H, K, V]`` (``[N, H, K, V]`` with
+            ``cu_seqlens``); default zeros; differentiable.
+        output_final_state: also return the state after the last token.
+        cu_seqlens: ``[N+1]`` offsets of sequences packed along T (B must be 1); each starts from its own
+            initial state; tokens outside every sequence give zeros.
+        platform: restrict to one kernel platform (``"xla"``, ...); default: any.
+        backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
+        cfg: a ``LightningAttnConfig`` that overrides the config chain (never cached);
+            ``fwd_params.q_blocksize``/``bwd_params.q_blocksize`` are the XLA implementation's chunk lengths.
+        mesh, in_specs, out_specs: run under ``jax.shard_map``; ``in_specs`` has one spec per array passed.
+
+    Returns:
+        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in ``q.dtype``; ``final_state`` ``[B or N, H, K, V]``
+        in float32 when ``output_final_state``, else ``None``.
+
+    Raises:
+        ValueError, TypeError: a bad shape, dtype or option (the message names it).
+        ejkernel.ops.ConfigError: no installed implementation can serve the call (the message says why).
+
+    Example:
+
+    >>> import jax, jax.numpy as jnp
+    >>> from ejkernel.modules import lightning_attn
+    >>> q = k = v = jax.random.normal(jax.random.key(0), (1, 128, 8, 64))
+    >>> slope = 2.0 ** (-8.0 * jnp.arange(1, 9) / 8)  # ALiBi-style rates, one per head
+    >>> o, state = lightning_attn(q, k, v, slope)
+    >>> o.shape, state is None
+    ((1, 128, 8, 64), True)
+    """
+    arrays = {
+        "q": q,
+        "k": k,
+        "v": v,
+        "slope": slope,
+        "initial_state": initial_state,
+        "cu_seqlens": cu_seqlens,
+    }
+    options = {"scale": scale, "output_final_state": output_final_state}
+    return dispatch(
+        _kernel,
+        arrays,
+        options,
+        platform=platform,
+        backend=backend,
+        cfg=cfg,
+        mesh=mesh,
+        in_specs=in_specs,
+        out_specs=out_specs,
+    )

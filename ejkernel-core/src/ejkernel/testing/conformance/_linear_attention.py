@@ -1,0 +1,132 @@
+"""What the linear-attention conformance suites (``gla``, ``lightning_attn``, ``recurrent``) share.
+
+Inputs are built by name in a dict (``q``, ``k``, ``v``, gates, ``initial_state``, ``cu_seqlens``), so one
+helper computes the output, the final state and the gradient of every float input for any of the ops,
+on the implementation under test and on the reference (each jitted whole).
+
+Tolerances: every implementation accumulates in float32, so the harness's ``FWD_RTOL``/``GRAD_RTOL`` hold
+for the output and the gradients (the dtype's rounding of the inputs and outputs dominates: both sides
+round the same float32 values). The final state is float32 whatever the input dtype and is compared
+with the float32 tolerance scaled by the length (``state_rtol``): it sums T terms in an order each
+implementation chooses.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ejkernel.testing.conformance._harness import FWD_RTOL, GRAD_RTOL, assert_close
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One call: sizes, which optional inputs exist, packing and how strong the gates are."""
+
+    name: str
+    b: int = 2
+    t: int = 37  # not a multiple of any chunk size
+    h: int = 3
+    dk: int = 16
+    dv: int = 12
+    initial_state: bool = True
+    final_state: bool = True
+    cu_seqlens: tuple[int, ...] | None = None
+    gate_scale: float = 0.25  # log gates are gate_scale * log_sigmoid(x): about -0.2 per step
+    options: tuple[tuple[str, Any], ...] = ()
+
+    @property
+    def n(self) -> int:
+        return self.b if self.cu_seqlens is None else len(self.cu_seqlens) - 1
+
+
+def normal(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
+    """Standard normal values drawn with NumPy (``jax.random`` would compile a program per shape)."""
+    return jnp.asarray(rng.standard_normal(shape, dtype=np.float32)).astype(dtype)
+
+
+def log_gate(rng: np.random.Generator, shape: tuple[int, ...], scale: float, dtype: Any = jnp.float32) -> jax.Array:
+    """Log decays ``<= 0``: ``scale * log_sigmoid(x)`` with ``x`` standard normal."""
+    x = rng.standard_normal(shape).astype(np.float32)
+    return jnp.asarray(scale * -np.logaddexp(0.0, -x)).astype(dtype)
+
+
+def base_inputs(case: Case, dtype: str, rng: np.random.Generator) -> dict[str, Any]:
+    """``q``, ``k``, ``v`` (in ``dtype``), ``initial_state`` (float32) and ``cu_seqlens`` as the case asks."""
+    arrays: dict[str, Any] = {
+        "q": normal(rng, (case.b, case.t, case.h, case.dk), dtype),
+        "k": normal(rng, (case.b, case.t, case.h, case.dk), dtype),
+        "v": normal(rng, (case.b, case.t, case.h, case.dv), dtype),
+    }
+    if case.initial_state:
+        arrays["initial_state"] = normal(rng, (case.n, case.h, case.dk, case.dv))
+    if case.cu_seqlens is not None:
+        arrays["cu_seqlens"] = jnp.asarray(case.cu_seqlens, jnp.int32)
+    return arrays
+
+
+def is_float(x: Any) -> bool:
+    return isinstance(x, jax.Array) and jnp.issubdtype(x.dtype, jnp.floating)
+
+
+def outputs_and_grads(
+    fn: Callable[..., Any], arrays: dict[str, Any], options: dict[str, Any], seed: int
+) -> tuple[Any, Any, dict[str, Any]]:
+    """``(o, final_state, {name: gradient})`` of ``sum(o * r1) + sum(final_state * r2)`` (random ``r``) with
+    respect to every float array, compiled whole (one compilation; much faster on CPU than op by op)."""
+    diff = {n: x for n, x in arrays.items() if is_float(x)}
+    fixed = {n: x for n, x in arrays.items() if n not in diff}
+    # Random cotangents, the same for both sides when ``seed`` is.
+    o_shape, state_shape = jax.eval_shape(lambda d: fn(**d, **fixed, **options), diff)
+    rng = np.random.default_rng(seed)
+    r1 = normal(rng, o_shape.shape)
+    r2 = None if state_shape is None else normal(rng, state_shape.shape)
+
+    def loss(d: dict[str, Any], r1: jax.Array, r2: jax.Array | None) -> tuple[jax.Array, tuple[Any, Any]]:
+        o, state = fn(**d, **fixed, **options)
+        total = jnp.sum(o.astype(jnp.float32) * r1)
+        if state is not None:
+            total = total + jnp.sum(state * r2)
+        return total, (o, state)
+
+    run = jax.value_and_grad(loss, has_aux=True)
+    (_, (o, state)), grads = jax.jit(run)(diff, r1, r2)
+    return o, state, grads
+
+
+def state_rtol(t: int) -> float:
+    """The final state is float32 in every dtype: float32 tolerance, growing with the terms summed."""
+    return FWD_RTOL["float32"] * max(1.0, t / 16)
+
+
+def check_against_reference(
+    got: tuple[Any, Any, dict[str, Any]],
+    want: tuple[Any, Any, dict[str, Any]],
+    case: Case,
+    dtype: str,
+    seed: int,
+    *,
+    grads: bool = True,
+) -> None:
+    """Output dtype and values, final state (float32 or None) and every gradient against the reference."""
+    o, state, g = got
+    o_ref, state_ref, g_ref = want
+    assert o.dtype == jnp.dtype(dtype), f"{case.name}: output dtype {o.dtype} != input dtype {dtype}"
+    assert np.all(np.isfinite(np.asarray(o, np.float32))), f"{case.name}: NaN/inf in the output (seed {seed})"
+    assert_close(o, o_ref, FWD_RTOL[dtype], f"{case.name} {dtype} output", seed)
+    if state_ref is None:
+        assert state is None, f"{case.name}: output_final_state=False must give None, got {type(state).__name__}"
+    else:
+        assert state.dtype == jnp.float32, f"{case.name}: the final state must be float32, got {state.dtype}"
+        assert_close(state, state_ref, state_rtol(case.t), f"{case.name} {dtype} final state", seed)
+    if grads:
+        assert set(g) == set(g_ref)
+        for name in g_ref:
+            assert g[name].dtype == g_ref[name].dtype, f"d{name} dtype {g[name].dtype} != {g_ref[name].dtype}"
+            rtol = GRAD_RTOL[dtype] if g_ref[name].dtype == jnp.dtype(dtype) else GRAD_RTOL["float32"] * 10
+            assert_close(g[name], g_ref[name], rtol, f"{case.name} {dtype} d{name}", seed)

@@ -1,0 +1,200 @@
+"""Conformance suite of ``gla``: every installed implementation against the reference.
+
+Layout: B batch, T length, H heads, K query/key head dim, V value head dim, N packed sequences.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.test_util import check_grads
+
+from ejkernel.modules import gla
+from ejkernel.modules.operations.gla import _kernel
+from ejkernel.testing import reference
+from ejkernel.testing.conformance._harness import (
+    DTYPES,
+    assert_close,
+    call_forced,
+    fresh_key,
+    implementations_under_test,
+)
+from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
+from ejkernel.testing.conformance._linear_attention import (
+    Case,
+    base_inputs,
+    check_against_reference,
+    log_gate,
+    outputs_and_grads,
+)
+
+OP = "gla"
+
+
+def pytest_generate_tests(metafunc: Any) -> None:
+    if "impl" in metafunc.fixturenames:
+        metafunc.parametrize("impl", implementations_under_test(metafunc.config, OP))
+
+
+CASES = [
+    # T=150: three chunks for a chunked form (state passed between them), not a multiple of any chunk size
+    Case("plain", b=2, t=150, h=2),
+    # Packed lengths 1, 16, 0 (empty: its final state is its initial state) and 20; tokens 37..40 are in no
+    # sequence and must give zeros.
+    Case("varlen", b=1, t=41, cu_seqlens=(0, 1, 17, 17, 37)),
+    Case(
+        "batch_one_no_state_scale",
+        b=1,
+        initial_state=False,
+        final_state=False,
+        options=(("scale", 0.3),),
+    ),
+    Case("decode_one_token", t=1),
+    # log gates down to -100 per step: the state forgets within a token or two, yet nothing overflows
+    Case("strong_gates", b=1, t=40, gate_scale=30.0),
+]
+LOW_PRECISION_CASES = ("plain", "varlen")
+
+
+def make_inputs(case: Case, dtype: str, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    arrays = base_inputs(case, dtype, rng)
+    arrays["g"] = log_gate(rng, (case.b, case.t, case.h, case.dk), case.gate_scale)
+    return arrays, {"output_final_state": case.final_state, **dict(case.options)}
+
+
+def call(impl: Any, **kwargs: Any) -> Any:
+    return call_forced(gla, impl, **kwargs)
+
+
+def skip_if_unsupported(impl: Any, arrays: dict[str, Any], options: dict[str, Any]) -> None:
+    _skip_if_unsupported(impl, _kernel, gla, (), {**arrays, **options})
+
+
+def _cases(dtype: str) -> list[Any]:
+    return [
+        pytest.param(c, dtype, id=f"{c.name}-{dtype}")
+        for c in CASES
+        if dtype == "float32" or c.name in LOW_PRECISION_CASES
+    ]
+
+
+ALL = [p for d in DTYPES for p in _cases(d)]
+
+
+@pytest.mark.parametrize(("case", "dtype"), ALL)
+def test_outputs_final_state_and_gradients_match_reference(impl, case, dtype):
+    _, seed = fresh_key()
+    arrays, options = make_inputs(case, dtype, seed)
+    skip_if_unsupported(impl, arrays, options)
+    got = outputs_and_grads(lambda **kw: call(impl, **kw), arrays, options, seed)
+    want = outputs_and_grads(reference.gla, arrays, options, seed)
+    check_against_reference(got, want, case, dtype, seed)
+    if case.cu_seqlens is not None:  # tokens outside every sequence: exact zeros, zero gradients
+        end = case.cu_seqlens[-1]
+        assert np.all(np.asarray(got[0][:, end:]) == 0), "tokens after cu_seqlens[-1] must give zeros"
+        assert np.all(np.asarray(got[2]["q"][:, end:]) == 0)
+
+
+def test_check_grads_numerically(impl):
+    # T=20 is long enough for a chunked form, short enough for finite differences.
+    case = Case("small", b=1, t=20, h=1, dk=4, dv=3, gate_scale=1.0)
+    _, seed = fresh_key()
+    arrays, options = make_inputs(case, "float32", seed)
+    skip_if_unsupported(impl, arrays, options)
+    names = ("q", "k", "v", "g", "initial_state")
+
+    def fn(*xs: Any) -> Any:
+        o, state = call(impl, **dict(zip(names, xs)), output_final_state=True)
+        return o, state
+
+    with jax.enable_x64(False):
+        check_grads(fn, tuple(arrays[n] for n in names), order=1, modes=("rev",), atol=3e-2, rtol=3e-2, eps=1e-2)
+
+
+def test_default_scale_is_one_over_sqrt_k(impl):
+    case = Case("scale", b=1, t=19, h=2, dk=8, dv=8)
+    _, seed = fresh_key()
+    arrays, _ = make_inputs(case, "float32", seed)
+    skip_if_unsupported(impl, arrays, {})
+    default, _ = call(impl, **arrays)
+    explicit, _ = call(impl, **arrays, scale=8**-0.5)
+    np.testing.assert_allclose(np.asarray(default), np.asarray(explicit), rtol=1e-6, atol=1e-6)
+
+
+def test_jit_and_vmap_agree_with_eager(impl):
+    case = Case("t", b=2, t=23, h=2, dk=8, dv=8)
+    _, seed = fresh_key()
+    arrays, _ = make_inputs(case, "float32", seed)
+    skip_if_unsupported(impl, arrays, {"output_final_state": True})
+    eager = call(impl, **arrays, output_final_state=True)
+    jitted = jax.jit(lambda a: call(impl, **a, output_final_state=True))(arrays)
+    vmapped = jax.vmap(lambda a: call(impl, **a, output_final_state=True))(jax.tree.map(lambda x: x[None], arrays))
+    for got, name in ((jitted, "jit"), (jax.tree.map(lambda x: x[0], vmapped), "vmap")):
+        assert_close(got[0], eager[0], 1e-5, f"{name} output", seed)
+        assert_close(got[1], eager[1], 1e-5, f"{name} final state", seed)
+
+
+def test_sequence_split_equals_carrying_the_state(impl):
+    # Running T tokens at once equals running the first part, then the rest from its final state: the
+    # state is the whole memory of the recurrence (what decoding relies on).
+    case = Case("split", b=2, t=30, h=2, dk=8, dv=8)
+    _, seed = fresh_key()
+    arrays, _ = make_inputs(case, "float32", seed)
+    skip_if_unsupported(impl, arrays, {"output_final_state": True})
+    whole, state = call(impl, **arrays, output_final_state=True)
+    first = {n: (x[:, :21] if n != "initial_state" else x) for n, x in arrays.items()}
+    o1, s1 = call(impl, **first, output_final_state=True)
+    rest = {n: (x[:, 21:] if n != "initial_state" else s1) for n, x in arrays.items()}
+    o2, s2 = call(impl, **rest, output_final_state=True)
+    assert_close(jnp.concatenate([o1, o2], axis=1), whole, 1e-5, "split output", seed)
+    assert_close(s2, state, 1e-5, "split final state", seed)
+
+
+BAD_INPUTS = [
+    ("q_ndim", lambda a: {**a, "q": a["q"][0]}, r"q must be 4-D \[B, T, H, K\]"),
+    ("int_q", lambda a: {**a, "q": a["q"].astype(jnp.int32)}, "q must be float32, bfloat16 or float16"),
+    ("dtype_mismatch", lambda a: {**a, "k": a["k"].astype(jnp.bfloat16)}, "q, k and v must share a dtype"),
+    ("k_shape", lambda a: {**a, "k": a["k"][:, :, :, :4]}, "k must have the shape of q"),
+    ("v_heads", lambda a: {**a, "v": a["v"][:, :, :1]}, r"v must be \[B, T, H, V\]"),
+    ("g_shape", lambda a: {**a, "g": a["g"][..., :4]}, r"g must be \[B, T, H, K\]"),
+    ("g_dtype", lambda a: {**a, "g": a["g"].astype(jnp.int32)}, "g must be float32, bfloat16 or float16"),
+    ("state_shape", lambda a: {**a, "initial_state": jnp.zeros((2, 2, 8, 4))}, r"initial_state must be \[B, H, K, V\]"),
+    (
+        "varlen_batch",
+        lambda a: {**a, "cu_seqlens": jnp.array([0, 8], jnp.int32)},
+        "batch must be 1",
+    ),
+    ("varlen_dtype", lambda a: {**a, "cu_seqlens": jnp.array([0.0, 8.0])}, "cu_seqlens must be a 1-D integer"),
+    ("scale_type", lambda a: {**a, "scale": "0.5"}, "scale must be a Python float"),
+    ("final_flag", lambda a: {**a, "output_final_state": 1}, "output_final_state must be a bool"),
+    ("unknown_option", lambda a: {**a, "reverse": True}, "reverse"),
+]
+
+
+@pytest.mark.parametrize(("name", "make", "message"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
+def test_bad_inputs_are_refused_with_a_clear_error(impl, name, make, message):
+    arrays = {
+        "q": jnp.ones((2, 8, 2, 8)),
+        "k": jnp.ones((2, 8, 2, 8)),
+        "v": jnp.ones((2, 8, 2, 5)),
+        "g": jnp.zeros((2, 8, 2, 8)),
+    }
+    with pytest.raises((ValueError, TypeError), match=message) as e:
+        call(impl, **make(arrays))
+    if name != "unknown_option":
+        assert str(e.value).startswith("gla: "), f"the message must start with the op's name: {e.value}"
+
+
+def test_varlen_state_shape_uses_sequences(impl):
+    # With cu_seqlens the initial state has one entry per sequence (N), not per batch row.
+    case = Case("varlen", b=1, t=12, cu_seqlens=(0, 5, 12))
+    _, seed = fresh_key()
+    arrays, _ = make_inputs(case, "float32", seed)
+    arrays["initial_state"] = arrays["initial_state"][:1]
+    with pytest.raises(ValueError, match=r"gla: initial_state must be \[N, H, K, V\]"):
+        call(impl, **arrays)

@@ -1,0 +1,24 @@
+"""Plain XLA ``gla``: the chunked linear-attention engine (``ejkernel_xla._linear_attention``)."""
+
+from __future__ import annotations
+
+from ejkernel_xla._linear_attention import candidate_cfgs, heuristic_cfg, linear_attention, options
+
+
+def gla(
+    q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
+    fwd_params=None, bwd_params=None,
+):  # fmt: skip
+    """Gated linear attention (contract: ``ejkernel.kernels.signatures.gla``).
+
+    ``fwd_params``/``bwd_params``: ``q_blocksize`` is the chunk length of each pass (rounded down to a power
+    of two; 1 = the step-by-step recurrence; None: the heuristic). The other fields mean nothing here.
+    """
+    t, dk = q.shape[1], q.shape[-1]
+    opts = options(
+        t, dk**-0.5 if scale is None else scale, fwd_params, bwd_params, output_final_state=output_final_state
+    )
+    return linear_attention(opts, q, k, v, g, None, initial_state, cu_seqlens)
+
+
+__all__ = ["candidate_cfgs", "gla", "heuristic_cfg"]

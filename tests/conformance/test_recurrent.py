@@ -1,0 +1,4 @@
+"""The ``recurrent`` conformance suite (it lives in ``ejkernel.testing.conformance`` so plugins can reuse it)."""
+
+from ejkernel.testing.conformance.test_recurrent import *  # noqa: F403
+from ejkernel.testing.conformance.test_recurrent import pytest_generate_tests  # noqa: F401
