@@ -95,7 +95,9 @@ def test_outputs_final_state_and_gradients_match_reference(impl, case, dtype):
 
 
 def test_check_grads_numerically(impl):
-    case = Case("small", b=1, t=20, h=2, dk=4, dv=3, gate_scale=0.5)
+    # Short: one slope decays every step, so its finite difference carries factors up to T**3 in its error
+    # terms (at T = 20 a float32 check with eps = 1e-2 failed now and then while the gradient was right).
+    case = Case("small", b=1, t=8, h=2, dk=4, dv=3, gate_scale=0.5)
     _, seed = fresh_key()
     arrays, options = make_inputs(case, "float32", seed)
     skip_if_unsupported(impl, arrays, options)
