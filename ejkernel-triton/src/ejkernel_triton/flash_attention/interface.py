@@ -157,14 +157,19 @@ def heuristic_cfg(invocation: Any, stage: str = "fwd") -> FwdParams | BwdParams:
 
 def candidate_cfgs(invocation: Any, stage: str = "fwd") -> list[FwdParams | BwdParams]:
     """Launch parameters worth timing for ``stage``: block sizes x warps x stages, without those
-    whose shared memory (<= 227 KB) or float32 register tiles would not fit; the heuristic first."""
+    whose shared memory (<= 227 KB) or float32 register tiles would not fit; the heuristic first.
+
+    The grid is cut where an H200 sweep (BENCHMARKS.md) found no winner, because every candidate costs
+    a Triton compile (seconds) when the autotuner times it: the forward keeps 3 stages and key tiles of
+    64 or 128 (2 or 4 stages and 32-key tiles were 5-20% slower), the backward 8 warps, and streamed
+    tiles of 32 or 64 no longer than the held one (4 warps and 16-row tiles lost by 30% or more)."""
     t, s, d, dv, e = _problem(invocation)
     bd, bdv = _pow2(d), _pow2(dv)
     cls = FwdParams if stage == "fwd" else BwdParams
     if stage == "fwd":
-        grid = itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))
+        grid = itertools.product((64, 128), (64, 128), (4, 8), (3,))
     else:
-        grid = itertools.product((32, 64, 128), (32, 64, 128), (4, 8), (2, 3))
+        grid = ((bm, bn, 8, st) for bm in (32, 64) for bn in (64, 128) for st in (2, 3) if bm <= bn)
     # no block much longer than the sequence it tiles (backward blocks tile both, see _backward)
     max_bm, max_bn = (_pow2(t), _pow2(s)) if stage == "fwd" else (min(_pow2(t), _pow2(s)),) * 2
     out = [_heuristic_tuple(stage, d, dv, e, t, s)]
