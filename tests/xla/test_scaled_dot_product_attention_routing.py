@@ -81,6 +81,16 @@ def test_flash_attention_cudnn_keeps_its_rules():
     assert "logits_soft_cap" in flash(logits_soft_cap=5.0)
 
 
+def test_hopper_takes_head_dim_256(monkeypatch):
+    # Without a GPU here, stand in for an sm_90 one: cuDNN then serves D=256 (measured on the H200).
+    monkeypatch.setattr(cudnn, "hopper_or_later", lambda: True)
+    monkeypatch.setattr(flash_cudnn, "hopper_or_later", lambda: True)
+    assert sdpa(d=256) is None and sdpa(d=136) is None
+    assert "multiples of 8 up to 256" in sdpa(d=264)
+    assert flash_cudnn.supports(invocation(flash_kernel, d=256)) is None
+    assert "head dims 64, 128 and 256" in flash_cudnn.supports(invocation(flash_kernel, d=192))
+
+
 def test_cudnn_paths_are_registered_for_gpu_with_their_supports():
     for op, module in (("scaled_dot_product_attention", cudnn), ("flash_attention", flash_cudnn)):
         impls = {i.name: i for i in kernel_registry.implementations(op, backend="gpu")}

@@ -11,16 +11,22 @@ from __future__ import annotations
 
 from typing import Any
 
-from ejkernel_xla.scaled_dot_product_attention.cudnn import dot_product_attention, heuristic_cfg, unsupported_inputs
+from ejkernel_xla.scaled_dot_product_attention.cudnn import (
+    dot_product_attention,
+    heuristic_cfg,
+    hopper_or_later,
+    unsupported_inputs,
+)
 
-# The head dims measured on the H200 (BENCHMARKS.md).
+# The head dims measured on the H200 (BENCHMARKS.md); cuDNN takes 256 only on Hopper and later.
 HEAD_DIMS = (64, 128)
+HOPPER_HEAD_DIMS = (64, 128, 256)
 
 
 def supports(inv: Any) -> str | None:
     a = inv.arguments
     q, k, v = a["query"], a["key"], a["value"]
-    reason = unsupported_inputs(q, v, HEAD_DIMS)
+    reason = unsupported_inputs(q, v, HOPPER_HEAD_DIMS if hopper_or_later() else HEAD_DIMS)
     if reason is not None:
         return reason
     for name in ("bias", "attention_mask", "q_segment_ids", "cu_seqlens_q", "sliding_window", "logits_soft_cap"):

@@ -5,7 +5,8 @@ cuDNN path of ``flash_attention`` (``ejkernel_xla.flash_attention.cudnn``) calls
 ``dot_product_attention`` and ``unsupported_inputs`` below. ``supports`` refuses what cuDNN cannot do,
 and what it does differently from the contract, so that the chain picks another implementation:
 
-- dtypes other than bfloat16/float16, head dims that are not a multiple of 8 up to 128, ``Hv != H``;
+- dtypes other than bfloat16/float16, head dims that are not a multiple of 8 up to 128 (256 on
+  Hopper and later), ``Hv != H``;
 - ``mask``: jax hands cuDNN a boolean mask as a large negative bias, so a row it masks whole would
   average the values instead of giving zeros;
 - a bias in another dtype than the query's, or (for its gradient) with an odd T or S; likewise
@@ -19,6 +20,7 @@ own handling of empty rows. Query rows past ``query_seq_lengths`` are set to zer
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import Any
 
@@ -29,18 +31,32 @@ from ejkernel.kernels.params import BwdParams, FwdParams
 from ejkernel.kernels.signatures.flash_attention import normalize_window
 
 HALF_DTYPES = ("bfloat16", "float16")
-# What cuDNN's flash attention takes on every architecture it runs on (jax checks this too; Hopper also takes 256).
+# What cuDNN's flash attention takes on every architecture it runs on (jax checks this too), and on
+# Hopper and later (sm_90+), which also take up to 256 (measured on the H200: BENCHMARKS.md).
 HEAD_DIMS = tuple(range(8, 129, 8))
+HOPPER_HEAD_DIMS = tuple(range(8, 257, 8))
+
+
+@functools.cache
+def hopper_or_later() -> bool:
+    """Whether the first GPU is sm_90 or newer (False where there is no GPU)."""
+    try:
+        return float(jax.devices("gpu")[0].compute_capability) >= 9.0
+    except (RuntimeError, AttributeError, ValueError, IndexError):
+        return False
 
 
 def _describe(dims: Sequence[int]) -> str:
-    if tuple(dims) == HEAD_DIMS:
-        return "multiples of 8 up to 128"
+    if tuple(dims) in (HEAD_DIMS, HOPPER_HEAD_DIMS):
+        return f"multiples of 8 up to {dims[-1]}"
     return " and ".join((", ".join(str(d) for d in dims[:-1]), str(dims[-1]))) if len(dims) > 1 else str(dims[0])
 
 
-def unsupported_inputs(query: Any, value: Any, head_dims: Sequence[int] = HEAD_DIMS) -> str | None:
-    """Why cuDNN cannot take these queries/values (dtype, head dims), or None."""
+def unsupported_inputs(query: Any, value: Any, head_dims: Sequence[int] | None = None) -> str | None:
+    """Why cuDNN cannot take these queries/values (dtype, head dims), or None; ``head_dims`` defaults
+    to what cuDNN takes on this machine's GPU."""
+    if head_dims is None:
+        head_dims = HOPPER_HEAD_DIMS if hopper_or_later() else HEAD_DIMS
     if str(query.dtype) not in HALF_DTYPES:
         return f"cuDNN attention needs bfloat16 or float16, got {query.dtype}"
     d, dv = query.shape[-1], value.shape[-1]
