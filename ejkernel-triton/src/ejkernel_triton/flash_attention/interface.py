@@ -18,7 +18,7 @@ import dataclasses
 import functools
 import importlib.util
 import itertools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import jax
@@ -166,6 +166,7 @@ def candidate_cfgs(invocation: Any, stage: str = "fwd") -> list[FwdParams | BwdP
     t, s, d, dv, e = _problem(invocation)
     bd, bdv = _pow2(d), _pow2(dv)
     cls = FwdParams if stage == "fwd" else BwdParams
+    grid: Iterable[tuple[int, int, int, int]]
     if stage == "fwd":
         grid = itertools.product((64, 128), (64, 128), (4, 8), (3,))
     else:

@@ -7,9 +7,8 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.kernels.signatures.flash_attention import normalize_window
+from ejkernel.kernels.signatures.flash_attention import attention_allowed, normalize_window
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
-from ejkernel.testing.reference.flash_attention import attention_allowed
 
 from ejkernel_xla.attention import _dense
 

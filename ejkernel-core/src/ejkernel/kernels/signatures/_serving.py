@@ -1,4 +1,4 @@
-"""What the three serving contracts share: checks of arrays and options, and the refusal to differentiate.
+"""What the three serving contracts share: checks of integer arrays and options, and the refusal to differentiate.
 
 ``page_attention``, ``ragged_page_attention`` and ``ragged_decode_attention`` read a key/value
 cache at inference time. They agree on:
@@ -19,35 +19,32 @@ from functools import partial
 from typing import Any
 
 import jax
-import numpy as np
 
-FLOAT_DTYPES = ("float32", "bfloat16", "float16")
-
-
-def shape(x: Any) -> tuple[int, ...]:
-    return tuple(np.shape(x))
-
-
-def dtype_name(x: Any) -> str:
-    return str(np.dtype(x.dtype)) if hasattr(x, "dtype") else type(x).__name__
-
-
-def is_int_array(x: Any) -> bool:
-    return hasattr(x, "dtype") and np.issubdtype(np.dtype(x.dtype), np.integer)
+from ejkernel.kernels.signatures._checks import (
+    check_query_key_value,
+    check_scale,
+    check_soft_cap,
+    describe,
+    is_count,
+    is_int_array,
+    shape,
+)
 
 
-def describe(x: Any) -> str:
-    """``float32[2, 3]`` for an array, the type name for anything else."""
-    return f"{dtype_name(x)}{list(shape(x))}" if hasattr(x, "dtype") else type(x).__name__
-
-
-def check_float(op: str, name: str, x: Any, ndim: int, layout: str) -> tuple[int, ...]:
-    """``x`` must be a float array of ``ndim`` dimensions; returns its shape."""
-    if not hasattr(x, "dtype") or len(shape(x)) != ndim:
-        raise ValueError(f"{op}: {name} must be a {ndim}-D array {layout}, got {describe(x)}")
-    if dtype_name(x) not in FLOAT_DTYPES:
-        raise TypeError(f"{op}: {name} must be float32, bfloat16 or float16, got {dtype_name(x)}")
-    return shape(x)
+def check_paged_cache(op: str, query: Any, key_cache: Any, value_cache: Any, query_layout: str) -> tuple[int, ...]:
+    """``query`` and the caches ``key_cache [P, page, K, D]``, ``value_cache [P, page, K, Dv]``; returns query's shape."""
+    q, kc = check_query_key_value(
+        op,
+        query,
+        key_cache,
+        value_cache,
+        layouts=(query_layout, "[P, page, K, D]", "[P, page, K, Dv]"),
+        names=("query", "key_cache", "value_cache"),
+        same_batch=False,
+    )
+    if kc[0] == 0 or kc[1] == 0:
+        raise ValueError(f"{op}: key_cache needs at least one page of at least one token, got shape {list(kc)}")
+    return q
 
 
 def check_int(op: str, name: str, x: Any, want: tuple[int | None, ...], layout: str) -> tuple[int, ...]:
@@ -61,29 +58,11 @@ def check_int(op: str, name: str, x: Any, want: tuple[int | None, ...], layout: 
     return got
 
 
-def check_same_dtype(op: str, named: dict[str, Any]) -> None:
-    dtypes = {dtype_name(x) for x in named.values()}
-    if len(dtypes) > 1:
-        got = ", ".join(f"{k} {dtype_name(x)}" for k, x in named.items())
-        raise TypeError(f"{op}: {', '.join(named)} must share a dtype, got {got}")
-
-
-def check_heads(op: str, h: int, kh: int) -> None:
-    if kh == 0 or h % kh:
-        raise ValueError(f"{op}: query heads H={h} must be a multiple of key/value heads K={kh}")
-
-
 def check_options(op: str, softmax_scale: Any, logits_soft_cap: Any, sliding_window: Any) -> None:
     """The three options every serving op takes."""
-    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, int | float)):
-        raise TypeError(f"{op}: softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
-    if logits_soft_cap is not None and (
-        isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, int | float) or not logits_soft_cap > 0
-    ):
-        raise ValueError(f"{op}: logits_soft_cap must be a positive float or None, got {logits_soft_cap!r}")
-    if sliding_window is not None and (
-        isinstance(sliding_window, bool) or not isinstance(sliding_window, int | np.integer) or sliding_window < 1
-    ):
+    check_scale(op, "softmax_scale", softmax_scale)
+    check_soft_cap(op, logits_soft_cap)
+    if sliding_window is not None and not is_count(sliding_window, 1):
         raise ValueError(
             f"{op}: sliding_window must be an int >= 1 (the query sees its last W positions) or None, "
             f"got {sliding_window!r}"

@@ -48,8 +48,17 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from ejkernel.kernels.params import BwdParams, FwdParams
+from ejkernel.kernels.signatures._checks import (
+    check_bool,
+    check_query_key_value,
+    check_scale,
+    check_segment_ids,
+    check_soft_cap,
+    dtype_name,
+    is_count,
+    shape,
+)
 
-_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 OP = "block_sparse_attention"
 
 
@@ -130,33 +139,17 @@ def block_sparse_mask(
     return mask
 
 
-def _shape(x: Any) -> tuple[int, ...]:
-    return tuple(np.shape(x))
-
-
-def _dtype(x: Any) -> str:
-    return str(np.dtype(x.dtype)) if hasattr(x, "dtype") else type(x).__name__
-
-
-def _is_int(x: Any) -> bool:
-    return hasattr(x, "dtype") and np.issubdtype(np.dtype(x.dtype), np.integer)
-
-
-def _is_count(x: Any, minimum: int) -> bool:
-    return isinstance(x, int | np.integer) and not isinstance(x, bool) and bool(x >= minimum)
-
-
 def _check_patterns(q_block: Any, kv_block: Any, local_blocks: Any, global_blocks: Any, who: str) -> None:
     for name, x in (("q_block", q_block), ("kv_block", kv_block)):
-        if not _is_count(x, 1):
+        if not is_count(x, 1):
             raise ValueError(f"{who}: {name} must be an int >= 1, got {x!r}")
     if local_blocks is not None:
         pair = (local_blocks, local_blocks) if isinstance(local_blocks, int | np.integer) else local_blocks
-        if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(_is_count(x, 0) for x in pair)):
+        if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(is_count(x, 0) for x in pair)):
             raise ValueError(
                 f"{who}: local_blocks must be an int >= 0 or a pair (left, right) of ints >= 0, got {local_blocks!r}"
             )
-    if not _is_count(global_blocks, 0):
+    if not is_count(global_blocks, 0):
         raise ValueError(f"{who}: global_blocks must be an int >= 0, got {global_blocks!r}")
 
 
@@ -178,30 +171,10 @@ def validate(
     **_: Any,
 ) -> None:
     """Check a ``block_sparse_attention`` call; raise an error naming the argument, what was expected and what came."""
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        if len(_shape(x)) != 4:
-            layout = {"query": "[B, T, H, D]", "key": "[B, S, K, D]", "value": "[B, S, K, Dv]"}[name]
-            raise ValueError(f"{OP}: {name} must be 4-D {layout}, got shape {list(_shape(x))}")
-        if _dtype(x) not in _FLOAT_DTYPES:
-            raise TypeError(f"{OP}: {name} must be float32, bfloat16 or float16, got {_dtype(x)}")
-    if not (_dtype(key) == _dtype(value) == _dtype(query)):
-        raise TypeError(
-            f"{OP}: query, key and value must share a dtype, got {_dtype(query)}, {_dtype(key)}, {_dtype(value)}"
-        )
-    b, t, h, d = _shape(query)
-    bk, s, kh, dk = _shape(key)
-    if bk != b or _shape(value)[0] != b:
-        raise ValueError(f"{OP}: batch sizes differ: query {b}, key {bk}, value {_shape(value)[0]}")
+    q, k = check_query_key_value(OP, query, key, value)
+    b, t, h, s = q[0], q[1], q[2], k[1]
     if t < 1 or s < 1:
         raise ValueError(f"{OP}: query and key lengths must be >= 1, got T={t}, S={s}")
-    if dk != d:
-        raise ValueError(f"{OP}: key head dim must equal query head dim {d}, got key shape {list(_shape(key))}")
-    if _shape(value)[1:3] != (s, kh):
-        raise ValueError(
-            f"{OP}: value must be [B, S, K, Dv] = [{b}, {s}, {kh}, Dv] like key, got {list(_shape(value))}"
-        )
-    if kh == 0 or h % kh:
-        raise ValueError(f"{OP}: query heads H={h} must be a multiple of key/value heads K={kh}")
     _check_patterns(q_block, kv_block, local_blocks, global_blocks, OP)
     if block_mask is not None:
         if local_blocks is not None or global_blocks:
@@ -210,25 +183,15 @@ def validate(
                 f"got block_mask and local_blocks={local_blocks!r}, global_blocks={global_blocks!r}"
             )
         nq, nk = _cdiv(t, q_block), _cdiv(s, kv_block)
-        shape = _shape(block_mask)
-        if len(shape) != 4 or shape[0] not in (1, b) or shape[1] not in (1, h) or shape[2:] != (nq, nk):
+        got = shape(block_mask)
+        if len(got) != 4 or got[0] not in (1, b) or got[1] not in (1, h) or got[2:] != (nq, nk):
             raise ValueError(
                 f"{OP}: block_mask must have shape [B|1, H|1, ceil(T/q_block), ceil(S/kv_block)] = "
-                f"[{b}|1, {h}|1, {nq}, {nk}] (T={t}, q_block={q_block}, S={s}, kv_block={kv_block}), got {list(shape)}"
+                f"[{b}|1, {h}|1, {nq}, {nk}] (T={t}, q_block={q_block}, S={s}, kv_block={kv_block}), got {list(got)}"
             )
-        if _dtype(block_mask) != "bool":
-            raise TypeError(f"{OP}: block_mask must be bool (True = attend), got {_dtype(block_mask)}")
-    if (q_segment_ids is None) != (kv_segment_ids is None):
-        raise ValueError(f"{OP}: pass both q_segment_ids and kv_segment_ids, or neither")
-    if q_segment_ids is not None:
-        for name, x, want in (("q_segment_ids", q_segment_ids, (b, t)), ("kv_segment_ids", kv_segment_ids, (b, s))):
-            if _shape(x) != want or not _is_int(x):
-                raise ValueError(
-                    f"{OP}: {name} must be an integer array of shape {list(want)}, got {_dtype(x)}{list(_shape(x))}"
-                )
-    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, int | float)):
-        raise TypeError(f"{OP}: softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"{OP}: causal must be a bool, got {type(causal).__name__}")
-    if logits_soft_cap is not None and not (isinstance(logits_soft_cap, int | float) and logits_soft_cap > 0):
-        raise ValueError(f"{OP}: logits_soft_cap must be a positive float or None, got {logits_soft_cap!r}")
+        if dtype_name(block_mask) != "bool":
+            raise TypeError(f"{OP}: block_mask must be bool (True = attend), got {dtype_name(block_mask)}")
+    check_segment_ids(OP, q_segment_ids, kv_segment_ids, b, t, s)
+    check_scale(OP, "softmax_scale", softmax_scale)
+    check_bool(OP, "causal", causal)
+    check_soft_cap(OP, logits_soft_cap)

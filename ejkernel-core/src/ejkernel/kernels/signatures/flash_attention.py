@@ -25,12 +25,28 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from ejkernel.kernels.params import BwdParams, FwdParams
+from ejkernel.kernels.signatures._checks import (
+    check_bool,
+    check_cu_seqlens,
+    check_float,
+    check_query_key_value,
+    check_scale,
+    check_segment_ids,
+    check_soft_cap,
+    check_window,
+    describe,
+    dtype_name,
+    is_int_array,
+    shape,
+)
 
-_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+OP = "flash_attention"
 
 
 def flash_attention(
@@ -57,24 +73,12 @@ def flash_attention(
     raise NotImplementedError
 
 
-def _shape(x: Any) -> tuple[int, ...]:
-    return tuple(np.shape(x))
-
-
-def _dtype(x: Any) -> str:
-    return str(np.dtype(x.dtype)) if hasattr(x, "dtype") else type(x).__name__
-
-
-def _is_int(x: Any) -> bool:
-    return np.issubdtype(np.dtype(x.dtype), np.integer)
-
-
-def _broadcastable(name: str, x: Any, full: tuple[int, int, int, int]) -> None:
-    shape = _shape(x)
-    if len(shape) != 4 or any(s not in (1, f) for s, f in zip(shape[:2], full[:2])) or shape[2:] != full[2:]:
+def _check_broadcastable(name: str, x: Any, full: tuple[int, int, int, int]) -> None:
+    got = shape(x)
+    if len(got) != 4 or any(g not in (1, f) for g, f in zip(got[:2], full[:2])) or got[2:] != full[2:]:
         raise ValueError(
-            f"flash_attention: {name} must have shape [B|1, H|1, T, S] = [{full[0]}|1, {full[1]}|1, {full[2]}, {full[3]}], "
-            f"got {list(shape)}"
+            f"{OP}: {name} must have shape [B|1, H|1, T, S] = [{full[0]}|1, {full[1]}|1, {full[2]}, {full[3]}], "
+            f"got {list(got)}"
         )
 
 
@@ -98,95 +102,43 @@ def validate(
     **_: Any,
 ) -> None:
     """Check a ``flash_attention`` call; raise an error naming the argument, what was expected and what came."""
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        if len(_shape(x)) != 4:
-            layout = {"query": "[B, T, H, D]", "key": "[B, S, K, D]", "value": "[B, S, K, Dv]"}[name]
-            raise ValueError(f"flash_attention: {name} must be 4-D {layout}, got shape {list(_shape(x))}")
-        if _dtype(x) not in _FLOAT_DTYPES:
-            raise TypeError(f"flash_attention: {name} must be float32, bfloat16 or float16, got {_dtype(x)}")
-    if not (_dtype(key) == _dtype(value) == _dtype(query)):
-        raise TypeError(
-            f"flash_attention: query, key and value must share a dtype, got {_dtype(query)}, {_dtype(key)}, {_dtype(value)}"
-        )
-    b, t, h, d = _shape(query)
-    bk, s, kh, dk = _shape(key)
-    if bk != b or _shape(value)[0] != b:
-        raise ValueError(f"flash_attention: batch sizes differ: query {b}, key {bk}, value {_shape(value)[0]}")
-    if dk != d:
-        raise ValueError(
-            f"flash_attention: key head dim must equal query head dim {d}, got key shape {list(_shape(key))}"
-        )
-    if _shape(value)[1:3] != (s, kh):
-        raise ValueError(
-            f"flash_attention: value must be [B, S, K, Dv] = [{b}, {s}, {kh}, Dv] like key, got {list(_shape(value))}"
-        )
-    if kh == 0 or h % kh:
-        raise ValueError(f"flash_attention: query heads H={h} must be a multiple of key/value heads K={kh}")
+    q, k = check_query_key_value(OP, query, key, value)
+    b, t, h, s = q[0], q[1], q[2], k[1]
     if bias is not None:
-        _broadcastable("bias", bias, (b, h, t, s))
-        if _dtype(bias) not in _FLOAT_DTYPES:
-            raise TypeError(f"flash_attention: bias must be a float array, got {_dtype(bias)}")
+        _check_broadcastable("bias", bias, (b, h, t, s))
+        check_float(OP, "bias", bias)
     if attention_mask is not None:
-        _broadcastable("attention_mask", attention_mask, (b, h, t, s))
-        if _dtype(attention_mask) != "bool":
-            raise TypeError(
-                f"flash_attention: attention_mask must be bool (True = attend), got {_dtype(attention_mask)}"
-            )
-    if (q_segment_ids is None) != (kv_segment_ids is None):
-        raise ValueError("flash_attention: pass both q_segment_ids and kv_segment_ids, or neither")
-    if q_segment_ids is not None:
-        for name, x, want in (("q_segment_ids", q_segment_ids, (b, t)), ("kv_segment_ids", kv_segment_ids, (b, s))):
-            if _shape(x) != want or not _is_int(x):
-                raise ValueError(
-                    f"flash_attention: {name} must be an integer array of shape {list(want)}, got {_dtype(x)}{list(_shape(x))}"
-                )
+        _check_broadcastable("attention_mask", attention_mask, (b, h, t, s))
+        if dtype_name(attention_mask) != "bool":
+            raise TypeError(f"{OP}: attention_mask must be bool (True = attend), got {dtype_name(attention_mask)}")
+    check_segment_ids(OP, q_segment_ids, kv_segment_ids, b, t, s)
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
-        raise ValueError("flash_attention: pass both cu_seqlens_q and cu_seqlens_k, or neither")
+        raise ValueError(f"{OP}: pass both cu_seqlens_q and cu_seqlens_k, or neither")
     if cu_seqlens_q is not None:
         if q_segment_ids is not None:
             raise ValueError(
-                "flash_attention: cu_seqlens_q/cu_seqlens_k and q_segment_ids/kv_segment_ids both pack sequences; pass one"
+                f"{OP}: cu_seqlens_q/cu_seqlens_k and q_segment_ids/kv_segment_ids both pack sequences; pass one"
             )
-        if b != 1:
+        n = check_cu_seqlens(OP, "cu_seqlens_q", cu_seqlens_q, b)
+        if check_cu_seqlens(OP, "cu_seqlens_k", cu_seqlens_k, b) != n:
             raise ValueError(
-                f"flash_attention: with cu_seqlens_q the sequences are packed along T, so batch must be 1, got {b}"
+                f"{OP}: cu_seqlens_q and cu_seqlens_k must have the same length, "
+                f"got {n + 1} and {shape(cu_seqlens_k)[0]}"
             )
-        n = _shape(cu_seqlens_q)
-        for name, x in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-            if len(_shape(x)) != 1 or _shape(x)[0] < 2 or not _is_int(x):
-                raise ValueError(
-                    f"flash_attention: {name} must be a 1-D integer array [N+1] with N >= 1, got {_dtype(x)}{list(_shape(x))}"
-                )
-        if _shape(cu_seqlens_k) != n:
-            raise ValueError(
-                f"flash_attention: cu_seqlens_q and cu_seqlens_k must have the same length, got {n[0]} and {_shape(cu_seqlens_k)[0]}"
-            )
-    if softmax_scale is not None and not isinstance(softmax_scale, int | float):
-        raise TypeError(
-            f"flash_attention: softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}"
-        )
-    if not isinstance(causal, bool):
-        raise TypeError(f"flash_attention: causal must be a bool, got {type(causal).__name__}")
-    if sliding_window is not None:
-        w = (sliding_window, sliding_window) if isinstance(sliding_window, int) else sliding_window
-        if not (isinstance(w, tuple | list) and len(w) == 2 and all(isinstance(x, int) and x >= 0 for x in w)):
-            raise ValueError(
-                f"flash_attention: sliding_window must be an int >= 0 or a pair (left, right) of ints >= 0, got {sliding_window!r}"
-            )
-    if logits_soft_cap is not None and not (isinstance(logits_soft_cap, int | float) and logits_soft_cap > 0):
-        raise ValueError(f"flash_attention: logits_soft_cap must be a positive float or None, got {logits_soft_cap!r}")
+    check_scale(OP, "softmax_scale", softmax_scale)
+    check_bool(OP, "causal", causal)
+    check_window(OP, "sliding_window", sliding_window)
+    check_soft_cap(OP, logits_soft_cap)
     if not (isinstance(dropout_prob, int | float) and 0.0 <= dropout_prob < 1.0):
-        raise ValueError(f"flash_attention: dropout_prob must be a float in [0, 1), got {dropout_prob!r}")
+        raise ValueError(f"{OP}: dropout_prob must be a float in [0, 1), got {dropout_prob!r}")
     if dropout_prob > 0 and dropout_seed is None:
-        raise ValueError("flash_attention: dropout_prob > 0 needs dropout_seed (an int or a scalar integer array)")
+        raise ValueError(f"{OP}: dropout_prob > 0 needs dropout_seed (an int or a scalar integer array)")
     if (
         dropout_seed is not None
         and not isinstance(dropout_seed, int)
-        and (_shape(dropout_seed) != () or not _is_int(dropout_seed))
+        and (shape(dropout_seed) != () or not is_int_array(dropout_seed))
     ):
-        raise TypeError(
-            f"flash_attention: dropout_seed must be an int or a scalar integer array, got {_dtype(dropout_seed)}{list(_shape(dropout_seed))}"
-        )
+        raise TypeError(f"{OP}: dropout_seed must be an int or a scalar integer array, got {describe(dropout_seed)}")
 
 
 def normalize_window(sliding_window: int | tuple[int, int] | None) -> tuple[int, int] | None:
@@ -196,6 +148,48 @@ def normalize_window(sliding_window: int | tuple[int, int] | None) -> tuple[int,
     if isinstance(sliding_window, int):
         return (sliding_window, sliding_window)
     return (int(sliding_window[0]), int(sliding_window[1]))
+
+
+def attention_allowed(
+    t: int,
+    s: int,
+    *,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    cu_seqlens_q: Any = None,
+    cu_seqlens_k: Any = None,
+) -> jax.Array:
+    """The ``[T, S]`` boolean mask of the causal/window/packing rules of step 4 (True = may attend).
+
+    The one definition of those rules: the reference and the dense implementations build their masks with it.
+
+    >>> attention_allowed(2, 3, causal=True).astype(int).tolist()
+    [[1, 1, 0], [1, 1, 1]]
+    """
+    i = jnp.arange(t)[:, None]
+    j = jnp.arange(s)[None, :]
+    allowed = jnp.ones((t, s), bool)
+    if cu_seqlens_q is not None:
+        # Sequence index of every row and column; positions are re-based to each sequence's start.
+        seq_q = jnp.searchsorted(cu_seqlens_q, jnp.arange(t), side="right") - 1
+        seq_k = jnp.searchsorted(cu_seqlens_k, jnp.arange(s), side="right") - 1
+        n = cu_seqlens_q.shape[0] - 1
+        allowed &= (seq_q[:, None] == seq_k[None, :]) & (seq_q[:, None] < n) & (seq_k[None, :] < n)
+        seq_q_c = jnp.clip(seq_q, 0, n - 1)
+        len_q = cu_seqlens_q[seq_q_c + 1] - cu_seqlens_q[seq_q_c]
+        len_k = cu_seqlens_k[seq_q_c + 1] - cu_seqlens_k[seq_q_c]
+        i = (i[:, 0] - cu_seqlens_q[seq_q_c])[:, None]
+        j = j - cu_seqlens_k[seq_q_c][:, None]
+        offset = (len_k - len_q)[:, None]
+    else:
+        offset = s - t
+    if causal:
+        allowed &= j <= i + offset
+    window = normalize_window(sliding_window)
+    if window is not None:
+        left, right = window
+        allowed &= (j >= i + offset - left) & (j <= i + offset + right)
+    return allowed
 
 
 def mix32(x: Any, xp: Any = np) -> Any:

@@ -27,12 +27,13 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.params import BwdParams, FwdParams
+from ejkernel.kernels.signatures._checks import check_bool, check_float_array
+from ejkernel.kernels.signatures._linear_attention import check_gate, check_qkv, check_state_options
 
-_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+OP = "gated_delta_rule"
 
 
 def gated_delta_rule(
@@ -54,14 +55,6 @@ def gated_delta_rule(
     raise NotImplementedError
 
 
-def _shape(x: Any) -> tuple[int, ...]:
-    return tuple(np.shape(x))
-
-
-def _dtype(x: Any) -> str:
-    return str(np.dtype(x.dtype)) if hasattr(x, "dtype") else type(x).__name__
-
-
 def validate(
     q: Any,
     k: Any,
@@ -77,57 +70,16 @@ def validate(
     **_: Any,
 ) -> None:
     """Check a ``gated_delta_rule`` call; raise an error naming the argument, what was expected and what came."""
-    layouts = {"q": "[B, T, H, K]", "k": "[B, T, H, K]", "v": "[B, T, H, V]", "g": "[B, T, H]", "beta": "[B, T, H]"}
-    for name, x in (("q", q), ("k", k), ("v", v), ("g", g), ("beta", beta)):
-        if len(_shape(x)) != len(layouts[name].split(",")):
-            raise ValueError(
-                f"gated_delta_rule: {name} must be {len(layouts[name].split(','))}-D {layouts[name]}, got shape {list(_shape(x))}"
-            )
-        if _dtype(x) not in _FLOAT_DTYPES:
-            raise TypeError(f"gated_delta_rule: {name} must be float32, bfloat16 or float16, got {_dtype(x)}")
-    if not (_dtype(q) == _dtype(k) == _dtype(v)):
-        raise TypeError(f"gated_delta_rule: q, k and v must share a dtype, got {_dtype(q)}, {_dtype(k)}, {_dtype(v)}")
-    b, t, h, dk = _shape(q)
-    if _shape(k) != (b, t, h, dk):
-        raise ValueError(f"gated_delta_rule: k must have the shape of q {[b, t, h, dk]}, got {list(_shape(k))}")
-    if _shape(v)[:3] != (b, t, h):
-        raise ValueError(f"gated_delta_rule: v must be [B, T, H, V] = [{b}, {t}, {h}, V], got {list(_shape(v))}")
+    dims = check_qkv(OP, q, k, v)
     for name, x in (("g", g), ("beta", beta)):
-        if _shape(x) != (b, t, h):
-            raise ValueError(f"gated_delta_rule: {name} must be [B, T, H] = {[b, t, h]}, got {list(_shape(x))}")
-    if dk == 0 or _shape(v)[3] == 0:
-        raise ValueError(f"gated_delta_rule: head dims K and V must be positive, got K={dk}, V={_shape(v)[3]}")
-    if t == 0:
-        raise ValueError(f"gated_delta_rule: the length T must be at least 1, got q of shape {list(_shape(q))}")
-    n = b
-    if cu_seqlens is not None:
-        cs = _shape(cu_seqlens)
-        if (
-            len(cs) != 1
-            or cs[0] < 2
-            or not (hasattr(cu_seqlens, "dtype") and np.issubdtype(cu_seqlens.dtype, np.integer))
-        ):
-            raise ValueError(
-                f"gated_delta_rule: cu_seqlens must be a 1-D integer array [N+1] with N >= 1, got {_dtype(cu_seqlens)}{list(cs)}"
-            )
-        if b != 1:
-            raise ValueError(
-                f"gated_delta_rule: with cu_seqlens the sequences are packed along T, so batch must be 1, got {b}"
-            )
-        n = cs[0] - 1
-    if initial_state is not None:
-        want = (n, h, dk, _shape(v)[3])
-        if _shape(initial_state) != want:
-            what = "N" if cu_seqlens is not None else "B"
-            raise ValueError(
-                f"gated_delta_rule: initial_state must be [{what}, H, K, V] = {list(want)}, got {list(_shape(initial_state))}"
-            )
-        if _dtype(initial_state) not in _FLOAT_DTYPES:
-            raise TypeError(
-                f"gated_delta_rule: initial_state must be float32, bfloat16 or float16, got {_dtype(initial_state)}"
-            )
-    if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float)):
-        raise TypeError(f"gated_delta_rule: scale must be a Python float or None, got {type(scale).__name__}")
-    for name, flag in (("output_final_state", output_final_state), ("use_qk_l2norm", use_qk_l2norm)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"gated_delta_rule: {name} must be a bool, got {type(flag).__name__}")
+        check_float_array(OP, name, x, "[B, T, H]")
+        check_gate(OP, name, x, dims[:3], "[B, T, H]")
+    check_state_options(
+        OP,
+        dims,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+    )
+    check_bool(OP, "use_qk_l2norm", use_qk_l2norm)

@@ -25,8 +25,15 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.params import BwdParams, FwdParams
-
-_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+from ejkernel.kernels.signatures._checks import (
+    FLOAT_DTYPES,
+    check_bool,
+    check_float_array,
+    check_same_dtype,
+    describe,
+    is_int_array,
+    shape,
+)
 
 
 def grouped_matmul(
@@ -44,14 +51,6 @@ def grouped_matmul(
     ``rhs`` is ``[G, N, K]`` when ``transpose_rhs``; ``preferred_element_type`` is a float dtype or None.
     """
     raise NotImplementedError
-
-
-def _shape(x: Any) -> tuple[int, ...]:
-    return tuple(np.shape(x))
-
-
-def _dtype(x: Any) -> str:
-    return str(np.dtype(x.dtype)) if hasattr(x, "dtype") else type(x).__name__
 
 
 def canonical_dtype(preferred_element_type: Any) -> str | None:
@@ -80,38 +79,25 @@ def validate(
     **_: Any,
 ) -> None:
     """Check a ``grouped_matmul`` call; raise an error naming the argument, what was expected and what came."""
-    if len(_shape(lhs)) != 2:
-        raise ValueError(f"grouped_matmul: lhs must be 2-D [M, K], got shape {list(_shape(lhs))}")
+    k = check_float_array("grouped_matmul", "lhs", lhs, "[M, K]")[1]
     layout = "[G, N, K]" if transpose_rhs else "[G, K, N]"
-    if len(_shape(rhs)) != 3:
-        raise ValueError(f"grouped_matmul: rhs must be 3-D {layout}, got shape {list(_shape(rhs))}")
-    for name, x in (("lhs", lhs), ("rhs", rhs)):
-        if _dtype(x) not in _FLOAT_DTYPES:
-            raise TypeError(f"grouped_matmul: {name} must be float32, bfloat16 or float16, got {_dtype(x)}")
-    if _dtype(lhs) != _dtype(rhs):
-        raise TypeError(f"grouped_matmul: lhs and rhs must share a dtype, got {_dtype(lhs)} and {_dtype(rhs)}")
-    if not isinstance(transpose_rhs, bool):
-        raise TypeError(f"grouped_matmul: transpose_rhs must be a bool, got {type(transpose_rhs).__name__}")
-    k = _shape(lhs)[1]
-    rhs_k = _shape(rhs)[2] if transpose_rhs else _shape(rhs)[1]
-    if rhs_k != k:
+    rhs_shape = check_float_array("grouped_matmul", "rhs", rhs, layout)
+    check_same_dtype("grouped_matmul", {"lhs": lhs, "rhs": rhs})
+    check_bool("grouped_matmul", "transpose_rhs", transpose_rhs)
+    if rhs_shape[2 if transpose_rhs else 1] != k:
         raise ValueError(
-            f"grouped_matmul: rhs must be {layout} with K = {k} (lhs's last dim), got shape {list(_shape(rhs))}"
+            f"grouped_matmul: rhs must be {layout} with K = {k} (lhs's last dim), got shape {list(rhs_shape)}"
         )
-    g = _shape(rhs)[0]
+    g = rhs_shape[0]
     if g == 0:
-        raise ValueError(f"grouped_matmul: rhs must have at least one group, got shape {list(_shape(rhs))}")
-    if (
-        _shape(group_sizes) != (g,)
-        or not hasattr(group_sizes, "dtype")
-        or not np.issubdtype(group_sizes.dtype, np.integer)
-    ):
+        raise ValueError(f"grouped_matmul: rhs must have at least one group, got shape {list(rhs_shape)}")
+    if shape(group_sizes) != (g,) or not is_int_array(group_sizes):
         raise ValueError(
             f"grouped_matmul: group_sizes must be a 1-D integer array [G] = [{g}] (rhs's groups), "
-            f"got {_dtype(group_sizes)}{list(_shape(group_sizes))}"
+            f"got {describe(group_sizes)}"
         )
     result = canonical_dtype(preferred_element_type)
-    if result is not None and result not in _FLOAT_DTYPES:
+    if result is not None and result not in FLOAT_DTYPES:
         raise TypeError(
             f"grouped_matmul: preferred_element_type must be float32, bfloat16, float16 or None, got {result}"
         )

@@ -16,12 +16,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.params import BwdParams, FwdParams
-
-_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+from ejkernel.kernels.signatures._checks import check_cu_seqlens, check_float_array
 
 
 def mean_pooling(
@@ -35,28 +33,8 @@ def mean_pooling(
     raise NotImplementedError
 
 
-def _dtype(x: Any) -> str:
-    return str(np.dtype(x.dtype)) if hasattr(x, "dtype") else type(x).__name__
-
-
 def validate(x: Any, *, cu_seqlens: Any = None, **_: Any) -> None:
     """Check a ``mean_pooling`` call; raise an error naming the argument, what was expected and what came."""
-    shape = tuple(np.shape(x))
-    if len(shape) != 3:
-        raise ValueError(f"mean_pooling: x must be 3-D [B, T, D], got shape {list(shape)}")
-    if _dtype(x) not in _FLOAT_DTYPES:
-        raise TypeError(f"mean_pooling: x must be float32, bfloat16 or float16, got {_dtype(x)}")
+    b = check_float_array("mean_pooling", "x", x, "[B, T, D]")[0]
     if cu_seqlens is not None:
-        cs = tuple(np.shape(cu_seqlens))
-        if (
-            len(cs) != 1
-            or cs[0] < 2
-            or not (hasattr(cu_seqlens, "dtype") and np.issubdtype(cu_seqlens.dtype, np.integer))
-        ):
-            raise ValueError(
-                f"mean_pooling: cu_seqlens must be a 1-D integer array [N+1] with N >= 1, got {_dtype(cu_seqlens)}{list(cs)}"
-            )
-        if shape[0] != 1:
-            raise ValueError(
-                f"mean_pooling: with cu_seqlens the sequences are packed along T, so batch must be 1, got {shape[0]}"
-            )
+        check_cu_seqlens("mean_pooling", "cu_seqlens", cu_seqlens, b)

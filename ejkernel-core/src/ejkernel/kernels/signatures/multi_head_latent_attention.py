@@ -37,8 +37,18 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.params import BwdParams, FwdParams
+from ejkernel.kernels.signatures._checks import (
+    check_bool,
+    check_float,
+    check_float_array,
+    check_same_dtype,
+    check_scale,
+    describe,
+    is_int_array,
+    shape,
+)
 
-_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+OP = "multi_head_latent_attention"
 # DeepSeek-V2/V3: kv_lora_rank 512 + qk_rope_head_dim 64; the one last dim whose latent dim is implied.
 DEEPSEEK_DIM, DEEPSEEK_LATENT_DIM = 576, 512
 
@@ -57,18 +67,6 @@ def multi_head_latent_attention(
 ) -> Float[Array, "B T H Dl"]:
     """Canonical signature of ``multi_head_latent_attention`` (see the module docstring for the semantics)."""
     raise NotImplementedError
-
-
-def _shape(x: Any) -> tuple[int, ...]:
-    return tuple(np.shape(x))
-
-
-def _dtype(x: Any) -> str:
-    return str(np.dtype(x.dtype)) if hasattr(x, "dtype") else type(x).__name__
-
-
-def _is_int(x: Any) -> bool:
-    return hasattr(x, "dtype") and np.issubdtype(np.dtype(x.dtype), np.integer)
 
 
 def resolve_latent_dim(latent_dim: int | None, dim: int) -> int:
@@ -106,51 +104,31 @@ def validate(
 ) -> None:
     """Check a ``multi_head_latent_attention`` call; raise an error naming the argument, what was expected and what came."""
     paged = block_tables is not None or cache_seqlens is not None
-    if len(_shape(query)) != 4:
-        raise ValueError(
-            f"multi_head_latent_attention: query must be 4-D [B, T, H, D], got shape {list(_shape(query))}"
-        )
-    if len(_shape(kv)) != 3:
+    q = check_float_array(OP, "query", query, "[B, T, H, D]")
+    b, d = q[0], q[3]
+    if len(shape(kv)) != 3:
         layout = "a paged cache [P, page, D]" if paged else "[B, S, D] (one latent shared by all heads)"
-        raise ValueError(f"multi_head_latent_attention: kv must be 3-D {layout}, got shape {list(_shape(kv))}")
-    for name, x in (("query", query), ("kv", kv)):
-        if _dtype(x) not in _FLOAT_DTYPES:
-            raise TypeError(
-                f"multi_head_latent_attention: {name} must be float32, bfloat16 or float16, got {_dtype(x)}"
-            )
-    if _dtype(query) != _dtype(kv):
-        raise TypeError(
-            f"multi_head_latent_attention: query and kv must share a dtype, got {_dtype(query)} and {_dtype(kv)}"
-        )
-    b, d = _shape(query)[0], _shape(query)[3]
-    if _shape(kv)[2] != d:
-        raise ValueError(
-            f"multi_head_latent_attention: kv's last dim must equal query's last dim D={d}, got kv shape {list(_shape(kv))}"
-        )
+        raise ValueError(f"{OP}: kv must be 3-D {layout}, got {describe(kv)}")
+    check_float(OP, "kv", kv)
+    check_same_dtype(OP, {"query": query, "kv": kv})
+    if shape(kv)[2] != d:
+        raise ValueError(f"{OP}: kv's last dim must equal query's last dim D={d}, got kv shape {list(shape(kv))}")
     resolve_latent_dim(latent_dim, d)
     if paged:
         if block_tables is None or cache_seqlens is None:
             raise ValueError(
-                "multi_head_latent_attention: the paged variant needs both block_tables and cache_seqlens, got only "
+                f"{OP}: the paged variant needs both block_tables and cache_seqlens, got only "
                 + ("block_tables" if block_tables is not None else "cache_seqlens")
             )
-        if len(_shape(block_tables)) != 2 or _shape(block_tables)[0] != b or not _is_int(block_tables):
+        if len(shape(block_tables)) != 2 or shape(block_tables)[0] != b or not is_int_array(block_tables):
             raise ValueError(
-                f"multi_head_latent_attention: block_tables must be an integer array [B, maxp] with B={b}, "
-                f"got {_dtype(block_tables)}{list(_shape(block_tables))}"
+                f"{OP}: block_tables must be an integer array [B, maxp] with B={b}, got {describe(block_tables)}"
             )
-        if _shape(cache_seqlens) != (b,) or not _is_int(cache_seqlens):
+        if shape(cache_seqlens) != (b,) or not is_int_array(cache_seqlens):
             raise ValueError(
-                f"multi_head_latent_attention: cache_seqlens must be an integer array [B] with B={b}, "
-                f"got {_dtype(cache_seqlens)}{list(_shape(cache_seqlens))}"
+                f"{OP}: cache_seqlens must be an integer array [B] with B={b}, got {describe(cache_seqlens)}"
             )
-    elif _shape(kv)[0] != b:
-        raise ValueError(
-            f"multi_head_latent_attention: kv must be [B, S, D] with the batch B={b} of query, got {list(_shape(kv))}"
-        )
-    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, int | float)):
-        raise TypeError(
-            f"multi_head_latent_attention: softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}"
-        )
-    if not isinstance(causal, bool):
-        raise TypeError(f"multi_head_latent_attention: causal must be a bool, got {type(causal).__name__}")
+    elif shape(kv)[0] != b:
+        raise ValueError(f"{OP}: kv must be [B, S, D] with the batch B={b} of query, got {list(shape(kv))}")
+    check_scale(OP, "softmax_scale", softmax_scale)
+    check_bool(OP, "causal", causal)

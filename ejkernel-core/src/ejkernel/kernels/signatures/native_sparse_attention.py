@@ -37,12 +37,20 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.params import BwdParams, FwdParams
+from ejkernel.kernels.signatures._checks import (
+    check_bool,
+    check_float,
+    check_query_key_value,
+    check_scale,
+    describe,
+    is_count,
+    is_int_array,
+    shape,
+)
 
-_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 OP = "native_sparse_attention"
 
 
@@ -67,22 +75,6 @@ def native_sparse_attention(
     raise NotImplementedError
 
 
-def _shape(x: Any) -> tuple[int, ...]:
-    return tuple(np.shape(x))
-
-
-def _dtype(x: Any) -> str:
-    return str(np.dtype(x.dtype)) if hasattr(x, "dtype") else type(x).__name__
-
-
-def _is_int(x: Any) -> bool:
-    return hasattr(x, "dtype") and np.issubdtype(np.dtype(x.dtype), np.integer)
-
-
-def _is_count(x: Any, minimum: int) -> bool:
-    return isinstance(x, int | np.integer) and not isinstance(x, bool) and bool(x >= minimum)
-
-
 def validate(
     query: Any,
     key: Any,
@@ -100,63 +92,40 @@ def validate(
     **_: Any,
 ) -> None:
     """Check a ``native_sparse_attention`` call; raise an error naming the argument, what was expected and what came."""
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        if len(_shape(x)) != 4:
-            layout = {"query": "[B, T, H, D]", "key": "[B, S, K, D]", "value": "[B, S, K, Dv]"}[name]
-            raise ValueError(f"{OP}: {name} must be 4-D {layout}, got shape {list(_shape(x))}")
-        if _dtype(x) not in _FLOAT_DTYPES:
-            raise TypeError(f"{OP}: {name} must be float32, bfloat16 or float16, got {_dtype(x)}")
-    if not (_dtype(key) == _dtype(value) == _dtype(query)):
-        raise TypeError(
-            f"{OP}: query, key and value must share a dtype, got {_dtype(query)}, {_dtype(key)}, {_dtype(value)}"
-        )
-    b, t, h, d = _shape(query)
-    bk, s, kh, dk = _shape(key)
-    if bk != b or _shape(value)[0] != b:
-        raise ValueError(f"{OP}: batch sizes differ: query {b}, key {bk}, value {_shape(value)[0]}")
+    q, k = check_query_key_value(OP, query, key, value)
+    b, t, h, s, kh = q[0], q[1], q[2], k[1], k[2]
     if t < 1 or s < 1:
         raise ValueError(f"{OP}: query and key lengths must be >= 1, got T={t}, S={s}")
-    if dk != d:
-        raise ValueError(f"{OP}: key head dim must equal query head dim {d}, got key shape {list(_shape(key))}")
-    if _shape(value)[1:3] != (s, kh):
-        raise ValueError(
-            f"{OP}: value must be [B, S, K, Dv] = [{b}, {s}, {kh}, Dv] like key, got {list(_shape(value))}"
-        )
-    if kh == 0 or h % kh:
-        raise ValueError(f"{OP}: query heads H={h} must be a multiple of key/value heads K={kh}")
-    shape = _shape(block_indices)
-    if len(shape) != 4 or shape[:3] != (b, t, kh) or shape[3] < 1 or not _is_int(block_indices):
+    got = shape(block_indices)
+    if len(got) != 4 or got[:3] != (b, t, kh) or got[3] < 1 or not is_int_array(block_indices):
         raise ValueError(
             f"{OP}: block_indices must be an integer array [B, T, K, N] = [{b}, {t}, {kh}, N >= 1], "
-            f"got {_dtype(block_indices)}{list(shape)}"
+            f"got {describe(block_indices)}"
         )
     if block_counts is not None:
         if hasattr(block_counts, "shape"):
-            if _shape(block_counts) != (b, t, kh) or not _is_int(block_counts):
+            if shape(block_counts) != (b, t, kh) or not is_int_array(block_counts):
                 raise ValueError(
                     f"{OP}: block_counts must be an int >= 0 or an integer array [B, T, K] = [{b}, {t}, {kh}], "
-                    f"got {_dtype(block_counts)}{list(_shape(block_counts))}"
+                    f"got {describe(block_counts)}"
                 )
-        elif not _is_count(block_counts, 0):
+        elif not is_count(block_counts, 0):
             raise ValueError(
                 f"{OP}: block_counts must be an int >= 0 or an integer array [B, T, K], got {block_counts!r}"
             )
     for name, g in (("g_slc", g_slc), ("g_cmp", g_cmp), ("g_swa", g_swa)):
         if g is None:
             continue
-        if _shape(g) != (b, t, h):
-            raise ValueError(f"{OP}: {name} must have shape [B, T, H] = [{b}, {t}, {h}], got {list(_shape(g))}")
-        if _dtype(g) not in _FLOAT_DTYPES:
-            raise TypeError(f"{OP}: {name} must be float32, bfloat16 or float16, got {_dtype(g)}")
-    if not _is_count(block_size, 1):
+        if shape(g) != (b, t, h):
+            raise ValueError(f"{OP}: {name} must have shape [B, T, H] = [{b}, {t}, {h}], got {list(shape(g))}")
+        check_float(OP, name, g)
+    if not is_count(block_size, 1):
         raise ValueError(f"{OP}: block_size must be an int >= 1, got {block_size!r}")
-    if not _is_count(window_size, 0):
+    if not is_count(window_size, 0):
         raise ValueError(f"{OP}: window_size must be an int >= 0, got {window_size!r}")
     if window_size > 0 and g_swa is None:
         raise ValueError(f"{OP}: window_size={window_size} enables the sliding branch, which needs its gate g_swa")
     if window_size == 0 and g_swa is not None:
         raise ValueError(f"{OP}: g_swa gates the sliding branch, which needs window_size > 0 (got window_size=0)")
-    if softmax_scale is not None and (isinstance(softmax_scale, bool) or not isinstance(softmax_scale, int | float)):
-        raise TypeError(f"{OP}: softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}")
-    if not isinstance(causal, bool):
-        raise TypeError(f"{OP}: causal must be a bool, got {type(causal).__name__}")
+    check_scale(OP, "softmax_scale", softmax_scale)
+    check_bool(OP, "causal", causal)

@@ -31,13 +31,7 @@ from typing import Any
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.params import BwdParams, FwdParams
-from ejkernel.kernels.signatures._serving import (
-    check_float,
-    check_heads,
-    check_int,
-    check_options,
-    check_same_dtype,
-)
+from ejkernel.kernels.signatures._serving import check_int, check_options, check_paged_cache
 from ejkernel.kernels.signatures._serving import refuse_gradients as refuse_gradients  # for implementations
 
 OP = "page_attention"
@@ -73,23 +67,7 @@ def validate(
     **_: Any,
 ) -> None:
     """Check a ``page_attention`` call; raise an error naming the argument, what was expected and what came."""
-    n, h, d = check_float(OP, "query", query, 3, "[N, H, D]")
-    p, page, kh, dk = check_float(OP, "key_cache", key_cache, 4, "[P, page, K, D]")
-    vshape = check_float(OP, "value_cache", value_cache, 4, "[P, page, K, Dv]")
-    check_same_dtype(OP, {"query": query, "key_cache": key_cache, "value_cache": value_cache})
-    if dk != d:
-        raise ValueError(
-            f"{OP}: key_cache head dim must equal query head dim {d}, got key_cache shape {[p, page, kh, dk]}"
-        )
-    if vshape[:3] != (p, page, kh):
-        raise ValueError(
-            f"{OP}: value_cache must be [P, page, K, Dv] = [{p}, {page}, {kh}, Dv] like key_cache, got {list(vshape)}"
-        )
-    if p == 0 or page == 0:
-        raise ValueError(
-            f"{OP}: key_cache needs at least one page of at least one token, got shape {[p, page, kh, dk]}"
-        )
-    check_heads(OP, h, kh)
+    n = check_paged_cache(OP, query, key_cache, value_cache, "[N, H, D]")[0]
     check_int(OP, "context_lens", context_lens, (n,), "[N]")
     if check_int(OP, "block_tables", block_tables, (n, None), "[N, M]")[1] == 0:
         raise ValueError(f"{OP}: block_tables needs at least one column (M >= 1), got shape {list(block_tables.shape)}")

@@ -26,13 +26,8 @@ from typing import Any
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.params import BwdParams, FwdParams
-from ejkernel.kernels.signatures._serving import (
-    check_float,
-    check_heads,
-    check_int,
-    check_options,
-    check_same_dtype,
-)
+from ejkernel.kernels.signatures._checks import check_query_key_value
+from ejkernel.kernels.signatures._serving import check_int, check_options
 from ejkernel.kernels.signatures._serving import refuse_gradients as refuse_gradients  # for implementations
 
 OP = "ragged_decode_attention"
@@ -68,17 +63,7 @@ def validate(
     **_: Any,
 ) -> None:
     """Check a ``ragged_decode_attention`` call; raise an error naming the argument, what was expected and what came."""
-    b, h, d = check_float(OP, "query", query, 3, "[B, H, D]")
-    bk, s, kh, dk = check_float(OP, "key", key, 4, "[B, S, K, D]")
-    vshape = check_float(OP, "value", value, 4, "[B, S, K, Dv]")
-    check_same_dtype(OP, {"query": query, "key": key, "value": value})
-    if bk != b or vshape[0] != b:
-        raise ValueError(f"{OP}: batch sizes differ: query {b}, key {bk}, value {vshape[0]}")
-    if dk != d:
-        raise ValueError(f"{OP}: key head dim must equal query head dim {d}, got key shape {[bk, s, kh, dk]}")
-    if vshape[1:3] != (s, kh):
-        raise ValueError(f"{OP}: value must be [B, S, K, Dv] = [{b}, {s}, {kh}, Dv] like key, got {list(vshape)}")
-    check_heads(OP, h, kh)
+    b = check_query_key_value(OP, query, key, value, layouts=("[B, H, D]", "[B, S, K, D]", "[B, S, K, Dv]"))[0][0]
     check_int(OP, "sequence_start", sequence_start, (b,), "[B]")
     check_int(OP, "sequence_end", sequence_end, (b,), "[B]")
     check_options(OP, softmax_scale, logits_soft_cap, sliding_window)

@@ -37,6 +37,7 @@ from typing import Any
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.params import BwdParams, FwdParams
+from ejkernel.kernels.signatures._checks import check_bool
 from ejkernel.kernels.signatures._linear_attention import check_gate, check_qkv, check_state_options
 
 
@@ -92,5 +93,4 @@ def validate(
         output_final_state=output_final_state,
         cu_seqlens=cu_seqlens,
     )
-    if not isinstance(reverse, bool):
-        raise TypeError(f"recurrent: reverse must be a bool, got {type(reverse).__name__}")
+    check_bool("recurrent", "reverse", reverse)

@@ -44,9 +44,17 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.params import BwdParams, FwdParams
+from ejkernel.kernels.signatures._checks import (
+    check_bool,
+    check_query_key_value,
+    check_scale,
+    check_segment_ids,
+    check_soft_cap,
+    check_window,
+)
 
+OP = "ring_attention"
 LAYOUTS = ("contiguous", "zigzag", "striped")
-_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def ring_attention(
@@ -67,18 +75,6 @@ def ring_attention(
 ) -> Float[Array, "B T H Dv"]:
     """Canonical signature of ``ring_attention`` (see the module docstring for the semantics)."""
     raise NotImplementedError
-
-
-def _shape(x: Any) -> tuple[int, ...]:
-    return tuple(np.shape(x))
-
-
-def _dtype(x: Any) -> str:
-    return str(np.dtype(x.dtype)) if hasattr(x, "dtype") else type(x).__name__
-
-
-def _is_int(x: Any) -> bool:
-    return hasattr(x, "dtype") and np.issubdtype(np.dtype(x.dtype), np.integer)
 
 
 def ring_axis_size(axis_name: str | None) -> int:
@@ -173,54 +169,15 @@ def validate(
 
     Besides shapes and options it checks that ``axis_name`` is bound where the call is traced.
     """
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        if len(_shape(x)) != 4:
-            layout_of = {"query": "[B, T, H, D]", "key": "[B, S, K, D]", "value": "[B, S, K, Dv]"}[name]
-            raise ValueError(f"ring_attention: {name} must be 4-D {layout_of}, got shape {list(_shape(x))}")
-        if _dtype(x) not in _FLOAT_DTYPES:
-            raise TypeError(f"ring_attention: {name} must be float32, bfloat16 or float16, got {_dtype(x)}")
-    if not (_dtype(key) == _dtype(value) == _dtype(query)):
-        raise TypeError(
-            f"ring_attention: query, key and value must share a dtype, got {_dtype(query)}, {_dtype(key)}, {_dtype(value)}"
-        )
-    b, t, h, d = _shape(query)
-    bk, s, kh, dk = _shape(key)
-    if bk != b or _shape(value)[0] != b:
-        raise ValueError(f"ring_attention: batch sizes differ: query {b}, key {bk}, value {_shape(value)[0]}")
-    if dk != d:
-        raise ValueError(
-            f"ring_attention: key head dim must equal query head dim {d}, got key shape {list(_shape(key))}"
-        )
-    if _shape(value)[1:3] != (s, kh):
-        raise ValueError(
-            f"ring_attention: value must be [B, S, K, Dv] = [{b}, {s}, {kh}, Dv] like key, got {list(_shape(value))}"
-        )
-    if kh == 0 or h % kh:
-        raise ValueError(f"ring_attention: query heads H={h} must be a multiple of key/value heads K={kh}")
-    if (q_segment_ids is None) != (kv_segment_ids is None):
-        raise ValueError("ring_attention: pass both q_segment_ids and kv_segment_ids, or neither")
-    if q_segment_ids is not None:
-        for name, x, want in (("q_segment_ids", q_segment_ids, (b, t)), ("kv_segment_ids", kv_segment_ids, (b, s))):
-            if _shape(x) != want or not _is_int(x):
-                raise ValueError(
-                    f"ring_attention: {name} must be an integer array of shape {list(want)}, got {_dtype(x)}{list(_shape(x))}"
-                )
-    if softmax_scale is not None and not isinstance(softmax_scale, int | float):
-        raise TypeError(
-            f"ring_attention: softmax_scale must be a Python float or None, got {type(softmax_scale).__name__}"
-        )
-    if not isinstance(causal, bool):
-        raise TypeError(f"ring_attention: causal must be a bool, got {type(causal).__name__}")
-    if sliding_window is not None:
-        w = (sliding_window, sliding_window) if isinstance(sliding_window, int) else sliding_window
-        if not (isinstance(w, tuple | list) and len(w) == 2 and all(isinstance(x, int) and x >= 0 for x in w)):
-            raise ValueError(
-                f"ring_attention: sliding_window must be an int >= 0 or a pair (left, right) of ints >= 0, got {sliding_window!r}"
-            )
-    if logits_soft_cap is not None and not (isinstance(logits_soft_cap, int | float) and logits_soft_cap > 0):
-        raise ValueError(f"ring_attention: logits_soft_cap must be a positive float or None, got {logits_soft_cap!r}")
+    q, k = check_query_key_value(OP, query, key, value)
+    b, t, s = q[0], q[1], k[1]
+    check_segment_ids(OP, q_segment_ids, kv_segment_ids, b, t, s)
+    check_scale(OP, "softmax_scale", softmax_scale)
+    check_bool(OP, "causal", causal)
+    check_window(OP, "sliding_window", sliding_window)
+    check_soft_cap(OP, logits_soft_cap)
     if axis_name is not None and not isinstance(axis_name, str):
-        raise TypeError(f"ring_attention: axis_name must be a mesh axis name (str) or None, got {axis_name!r}")
+        raise TypeError(f"{OP}: axis_name must be a mesh axis name (str) or None, got {axis_name!r}")
     n = ring_axis_size(axis_name)
     check_layout(layout, n, t, "the local query length T")
     check_layout(layout, n, s, "the local key length S")

@@ -37,8 +37,17 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from ejkernel.kernels.params import BwdParams, FwdParams
+from ejkernel.kernels.signatures._checks import (
+    check_bool,
+    check_float,
+    check_query_key_value,
+    check_window,
+    describe,
+    dtype_name,
+    is_int_array,
+    shape,
+)
 
-_FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 _OP = "scaled_dot_product_attention"
 
 
@@ -61,19 +70,11 @@ def scaled_dot_product_attention(
     raise NotImplementedError
 
 
-def _shape(x: Any) -> tuple[int, ...]:
-    return tuple(np.shape(x))
-
-
-def _dtype(x: Any) -> str:
-    return str(np.dtype(x.dtype)) if hasattr(x, "dtype") else type(x).__name__
-
-
-def _broadcastable(name: str, x: Any, full: tuple[int, int, int, int]) -> None:
-    shape = _shape(x)
-    if len(shape) != 4 or any(s not in (1, f) for s, f in zip(shape, full)):
+def _check_broadcastable(name: str, x: Any, full: tuple[int, int, int, int]) -> None:
+    got = shape(x)
+    if len(got) != 4 or any(g not in (1, f) for g, f in zip(got, full)):
         want = ", ".join(f"{f}|1" for f in full)
-        raise ValueError(f"{_OP}: {name} must be 4-D, broadcastable to [B, N, T, S]: [{want}], got {list(shape)}")
+        raise ValueError(f"{_OP}: {name} must be 4-D, broadcastable to [B, N, T, S]: [{want}], got {list(got)}")
 
 
 def validate(
@@ -91,56 +92,21 @@ def validate(
     **_: Any,
 ) -> None:
     """Check a ``scaled_dot_product_attention`` call; raise an error naming the argument, what was expected and what came."""
-    for name, x in (("query", query), ("key", key), ("value", value)):
-        if len(_shape(x)) != 4:
-            layout = {"query": "[B, T, N, H]", "key": "[B, S, K, H]", "value": "[B, S, K, Hv]"}[name]
-            raise ValueError(f"{_OP}: {name} must be 4-D {layout}, got shape {list(_shape(x))}")
-        if _dtype(x) not in _FLOAT_DTYPES:
-            raise TypeError(f"{_OP}: {name} must be float32, bfloat16 or float16, got {_dtype(x)}")
-    if not (_dtype(key) == _dtype(value) == _dtype(query)):
-        raise TypeError(
-            f"{_OP}: query, key and value must share a dtype, got {_dtype(query)}, {_dtype(key)}, {_dtype(value)}"
-        )
-    b, t, n, h = _shape(query)
-    bk, s, k, hk = _shape(key)
-    if bk != b or _shape(value)[0] != b:
-        raise ValueError(f"{_OP}: batch sizes differ: query {b}, key {bk}, value {_shape(value)[0]}")
-    if hk != h:
-        raise ValueError(f"{_OP}: key head dim must equal query head dim {h}, got key shape {list(_shape(key))}")
-    if _shape(value)[1:3] != (s, k):
-        raise ValueError(
-            f"{_OP}: value must be [B, S, K, Hv] = [{b}, {s}, {k}, Hv] like key, got {list(_shape(value))}"
-        )
-    if k == 0 or n % k:
-        raise ValueError(f"{_OP}: query heads N={n} must be a multiple of key/value heads K={k}")
+    q, k = check_query_key_value(_OP, query, key, value, layouts=("[B, T, N, H]", "[B, S, K, H]", "[B, S, K, Hv]"))
+    b, t, n, s = q[0], q[1], q[2], k[1]
     if bias is not None:
-        _broadcastable("bias", bias, (b, n, t, s))
-        if _dtype(bias) not in _FLOAT_DTYPES:
-            raise TypeError(f"{_OP}: bias must be a float array (float32, bfloat16 or float16), got {_dtype(bias)}")
+        _check_broadcastable("bias", bias, (b, n, t, s))
+        check_float(_OP, "bias", bias)
     if mask is not None:
-        _broadcastable("mask", mask, (b, n, t, s))
-        if _dtype(mask) != "bool":
+        _check_broadcastable("mask", mask, (b, n, t, s))
+        if dtype_name(mask) != "bool":
             raise TypeError(
-                f"{_OP}: mask must be bool (True = attend; pass an additive mask as bias), got {_dtype(mask)}"
+                f"{_OP}: mask must be bool (True = attend; pass an additive mask as bias), got {dtype_name(mask)}"
             )
     for name, x in (("query_seq_lengths", query_seq_lengths), ("key_value_seq_lengths", key_value_seq_lengths)):
-        if x is not None and (
-            _shape(x) != (b,) or not hasattr(x, "dtype") or not np.issubdtype(np.dtype(x.dtype), np.integer)
-        ):
-            raise ValueError(
-                f"{_OP}: {name} must be an integer array of shape [B] = [{b}], got {_dtype(x)}{list(_shape(x))}"
-            )
+        if x is not None and (shape(x) != (b,) or not is_int_array(x)):
+            raise ValueError(f"{_OP}: {name} must be an integer array of shape [B] = [{b}], got {describe(x)}")
     if scale is not None and (isinstance(scale, bool) or not isinstance(scale, int | float | np.integer | np.floating)):
         raise TypeError(f"{_OP}: scale must be a Python float (or a NumPy scalar) or None, got {type(scale).__name__}")
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"{_OP}: is_causal must be a bool, got {type(is_causal).__name__}")
-    if local_window_size is not None:
-        w = (local_window_size, local_window_size) if isinstance(local_window_size, int) else local_window_size
-        if not (
-            isinstance(w, tuple | list)
-            and len(w) == 2
-            and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in w)
-        ):
-            raise ValueError(
-                f"{_OP}: local_window_size must be an int >= 0 or a pair (left, right) of ints >= 0, got {local_window_size!r}"
-            )
+    check_bool(_OP, "is_causal", is_causal)
+    check_window(_OP, "local_window_size", local_window_size)

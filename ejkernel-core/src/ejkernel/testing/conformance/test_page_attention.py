@@ -151,13 +151,13 @@ def _bad(q: Any, kc: Any, vc: Any, lens: Any, tables: Any, **kw: Any) -> tuple[t
 
 
 BAD_INPUTS = [
-    ("query_ndim", lambda q, kc, vc, n, t: _bad(q[None], kc, vc, n, t), r"query must be a 3-D array \[N, H, D\]"),
-    ("cache_ndim", lambda q, kc, vc, n, t: _bad(q, kc[0], vc, n, t), r"key_cache must be a 4-D array"),
+    ("query_ndim", lambda q, kc, vc, n, t: _bad(q[None], kc, vc, n, t), r"query must be 3-D \[N, H, D\]"),
+    ("cache_ndim", lambda q, kc, vc, n, t: _bad(q, kc[0], vc, n, t), r"key_cache must be 4-D \[P, page, K, D\]"),
     ("int_query", lambda q, kc, vc, n, t: _bad(q.astype(jnp.int32), kc, vc, n, t), "query must be float32"),
     (
         "dtype_mismatch",
         lambda q, kc, vc, n, t: _bad(q, kc.astype(jnp.bfloat16), vc, n, t),
-        "query, key_cache, value_cache must share a dtype",
+        "query, key_cache and value_cache must share a dtype",
     ),
     ("heads", lambda q, kc, vc, n, t: _bad(q[:, :3], kc, vc, n, t), "multiple of key/value heads K=2"),
     (

@@ -152,10 +152,10 @@ def _replace(i: int, value: Any) -> Any:
 
 
 BAD_INPUTS = [
-    ("query_ndim", _replace(0, lambda q: q[:, None]), r"query must be a 3-D array \[B, H, D\]"),
-    ("key_ndim", _replace(1, lambda k: k[0]), r"key must be a 4-D array \[B, S, K, D\]"),
+    ("query_ndim", _replace(0, lambda q: q[:, None]), r"query must be 3-D \[B, H, D\]"),
+    ("key_ndim", _replace(1, lambda k: k[0]), r"key must be 4-D \[B, S, K, D\]"),
     ("int_query", _replace(0, lambda q: q.astype(jnp.int32)), "query must be float32, bfloat16 or float16"),
-    ("dtype_mismatch", _replace(2, lambda v: v.astype(jnp.bfloat16)), "query, key, value must share a dtype"),
+    ("dtype_mismatch", _replace(2, lambda v: v.astype(jnp.bfloat16)), "query, key and value must share a dtype"),
     ("batch", _replace(1, lambda k: k[:1]), "batch sizes differ"),
     ("heads", _replace(0, lambda q: q[:, :3]), "multiple of key/value heads K=2"),
     ("head_dim", _replace(1, lambda k: k[..., :8]), "key head dim must equal query head dim"),

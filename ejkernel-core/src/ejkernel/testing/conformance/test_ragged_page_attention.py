@@ -210,7 +210,7 @@ def _replace(i: int, value: Any) -> Any:
 
 
 BAD_INPUTS = [
-    ("query_ndim", _replace(0, lambda q: q[None]), r"query must be a 3-D array \[T, H, D\]"),
+    ("query_ndim", _replace(0, lambda q: q[None]), r"query must be 3-D \[T, H, D\]"),
     ("int_query", _replace(0, lambda q: q.astype(jnp.int32)), "query must be float32, bfloat16 or float16"),
     ("dtype_mismatch", _replace(1, lambda k: k.astype(jnp.float16)), "must share a dtype"),
     ("heads", _replace(0, lambda q: q[:, :3]), "multiple of key/value heads K=2"),

@@ -7,8 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures.flash_attention import dropout_keep
-from ejkernel.testing.reference.flash_attention import attention_allowed
+from ejkernel.kernels.signatures.flash_attention import attention_allowed, dropout_keep
 
 
 def attention(

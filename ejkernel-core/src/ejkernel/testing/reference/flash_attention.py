@@ -10,43 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures.flash_attention import dropout_keep, normalize_window
-
-
-def attention_allowed(
-    t: int,
-    s: int,
-    *,
-    causal: bool = False,
-    sliding_window: int | tuple[int, int] | None = None,
-    cu_seqlens_q: Any = None,
-    cu_seqlens_k: Any = None,
-) -> jax.Array:
-    """The [T, S] boolean mask of causal/window/packing constraints (True = may attend)."""
-    i = jnp.arange(t)[:, None]
-    j = jnp.arange(s)[None, :]
-    allowed = jnp.ones((t, s), bool)
-    if cu_seqlens_q is not None:
-        # Sequence index of every row and column; positions are re-based to each sequence's start.
-        seq_q = jnp.searchsorted(cu_seqlens_q, jnp.arange(t), side="right") - 1
-        seq_k = jnp.searchsorted(cu_seqlens_k, jnp.arange(s), side="right") - 1
-        n = cu_seqlens_q.shape[0] - 1
-        allowed &= (seq_q[:, None] == seq_k[None, :]) & (seq_q[:, None] < n) & (seq_k[None, :] < n)
-        seq_q_c = jnp.clip(seq_q, 0, n - 1)
-        len_q = cu_seqlens_q[seq_q_c + 1] - cu_seqlens_q[seq_q_c]
-        len_k = cu_seqlens_k[seq_q_c + 1] - cu_seqlens_k[seq_q_c]
-        i = (i[:, 0] - cu_seqlens_q[seq_q_c])[:, None]
-        j = j - cu_seqlens_k[seq_q_c][:, None]
-        offset = (len_k - len_q)[:, None]
-    else:
-        offset = s - t
-    if causal:
-        allowed &= j <= i + offset
-    window = normalize_window(sliding_window)
-    if window is not None:
-        left, right = window
-        allowed &= (j >= i + offset - left) & (j <= i + offset + right)
-    return allowed
+from ejkernel.kernels.signatures.flash_attention import attention_allowed, dropout_keep
 
 
 def flash_attention(
