@@ -41,14 +41,15 @@ def test_every_chunk_size_matches_the_reference(fwd_chunk, bwd_chunk):
         assert_close(got[2][name], want[2][name], 1e-4, f"d{name}", seed)
 
 
-def test_strong_gates_take_the_exact_step_by_step_form():
-    # One log gate of -200 inside a chunk: the chunked form's factors would overflow, so the engine falls
-    # back to the recurrence, which gives the reference exactly.
+@pytest.mark.parametrize("strong", [-200.0, -np.inf])
+def test_strong_gates_take_the_exact_step_by_step_form(strong):
+    # One log gate of -200 (or -inf: forget everything) inside a chunk: the chunked form's factors would
+    # overflow, so the engine falls back to the recurrence, which gives the reference exactly.
     _, seed = fresh_key()
     rng = np.random.default_rng(seed)
     arrays = base_inputs(Case("strong", b=1, t=40, h=1, dk=4, dv=4), "float32", rng)
     g_k = np.asarray(log_gate(rng, (1, 40, 1, 4), 0.1)).copy()
-    g_k[0, 20, 0, :] = -200.0
+    g_k[0, 20, 0, :] = strong
     chunk = engine.chunk_size(None, 40)
     padded = jnp.asarray(np.pad(g_k, ((0, 0), (0, chunk - 40), (0, 0), (0, 0))))
     assert not bool(engine._fits(engine._prefix(engine._blocks(padded, chunk)), None))
@@ -57,6 +58,19 @@ def test_strong_gates_take_the_exact_step_by_step_form():
     assert np.all(np.isfinite(np.asarray(o)))
     assert_close(o, o_ref, 2e-5, "output", seed)
     assert_close(state, state_ref, 2e-5, "final state", seed)
+
+    # Gradients too: the chunked form still runs (outside the cond, on zero gates) and gets a zero
+    # cotangent, which must not turn into NaN.
+    def loss(fn, q, k, v, g):
+        o, state = fn(**{**arrays, "q": q, "k": k, "v": v}, g_k=g, output_final_state=True)
+        return jnp.sum(jnp.sin(o)) + jnp.sum(jnp.cos(state))
+
+    args = (arrays["q"], arrays["k"], arrays["v"], jnp.asarray(g_k))
+    got = jax.grad(lambda *a: loss(recurrent, *a), argnums=(0, 1, 2, 3))(*args)
+    want = jax.grad(lambda *a: loss(reference.recurrent, *a), argnums=(0, 1, 2, 3))(*args)
+    for name, a, b in zip(("dq", "dk", "dv", "dg_k"), got, want, strict=True):
+        assert np.all(np.isfinite(np.asarray(a))), name
+        assert_close(a, b, 1e-4, name, seed)
 
 
 def test_heuristic_and_candidates():
