@@ -452,7 +452,7 @@ def _bwd_dkdv(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array) 
     stream, held, warps, stages = cfg.bwd
 
     def dkdv(do_dk: bool, do_dv: bool) -> tuple[jax.Array, jax.Array]:
-        return launch.launch(
+        return launch.launch(  # type: ignore[no-any-return]
             kern._attn_bwd_dkdv,
             *rows,
             aux["col_lo"],
