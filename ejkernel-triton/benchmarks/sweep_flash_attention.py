@@ -18,13 +18,11 @@ way, every timed output checked against the float32 reference first, two warm-up
 from __future__ import annotations
 
 import argparse
-import contextlib
-import itertools
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -182,16 +180,11 @@ def sweep_shape(sw: Sweep, shape: tuple[int, int, int, int], args: argparse.Name
         for causal in (False, True):
             if not sw.over_budget():
                 sw.measure("fwd", list(c), attention_fn(causal, c, None), shape, causal, False, data, refs[causal][0])
-    splits = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}[args.split_dkdv]
-    for c, split in itertools.product(parse_cands(args.bwd, BWD_CANDS[d]), splits):
+    for c in parse_cands(args.bwd, BWD_CANDS[d]):
         for causal in (False, True):
             if sw.over_budget():
                 continue
-            kind = "bwd" if split is None else f"bwd ({'split' if split else 'joint'} dK/dV)"
-            with forced_split(split):
-                row = sw.measure(
-                    kind, list(c), attention_fn(causal, None, c), shape, causal, True, data, refs[causal][1]
-                )
+            row = sw.measure("bwd", list(c), attention_fn(causal, None, c), shape, causal, True, data, refs[causal][1])
             if "ms" in row and args.parts:
                 try:
                     row.update(kernel_parts(causal, c, q, k, v, ct))
@@ -203,20 +196,6 @@ def sweep_shape(sw: Sweep, shape: tuple[int, int, int, int], args: argparse.Name
             for causal in (False, True):
                 sw.measure("cudnn (again)", None, cudnn(causal), shape, causal, bwd, data, refs[causal][bwd])
     del refs
-
-
-@contextlib.contextmanager
-def forced_split(split: bool | None) -> Iterator[None]:
-    """Force the backward's choice of one dK/dV launch or one per output (``interface._split_dkdv``)."""
-    from ejkernel_triton.flash_attention import interface as itf
-
-    saved = itf._split_dkdv
-    if split is not None:
-        itf._split_dkdv = lambda bd, bdv: split
-    try:
-        yield
-    finally:
-        itf._split_dkdv = saved
 
 
 def summary(rows: list[dict[str, Any]]) -> None:
@@ -261,10 +240,6 @@ def main() -> None:
     parser.add_argument(
         "--peers", choices=("start+end", "start", "none"), default="start+end", help="when to time cuDNN"
     )
-    parser.add_argument(
-        "--split-dkdv", choices=("auto", "on", "off", "both"), default="auto",
-        help="backward: dK and dV in one launch (off), one launch each (on), or both timed",
-    )  # fmt: skip
     parser.add_argument("--budget-s", type=float, default=1e9, help="start no candidate after this many seconds")
     args = parser.parse_args()
     sw = Sweep(args.out, args.budget_s)

@@ -563,11 +563,8 @@ def _dkdv_inner(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     DROP_THRESH: tl.constexpr,
-    DO_DK: tl.constexpr,
-    DO_DV: tl.constexpr,
 ):
-    """Accumulate dK and/or dV (``DO_DK``, ``DO_DV``) of one key block over the query blocks
-    ``[m_start, m_stop)`` of one head.
+    """Accumulate dK, dV of one key block over the query blocks ``[m_start, m_stop)`` of one head.
 
     Tiles are kept transposed (keys along dim 0, ``[BN, BM]``) so that the key block stays the
     row dimension of every dot: dV += P^T dO and dK += dS^T Q need no register transposes."""
@@ -604,20 +601,16 @@ def _dkdv_inner(
             HAS_SOFTCAP,
         )  # [BN, BM]
         b_pT = tl.exp2(b_sT - lse2[None, :])  # [BN, BM]
+        b_dpT = _mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32))  # [BN, BM] = (dO V^T)^T
         if DROP_THRESH > 0:
             keep = _keep_mask(_mix32(row_hash_seed ^ offs_m.to(tl.uint32))[None, :], jj, DROP_THRESH)
+            b_pdT = tl.where(keep, b_pT * drop_scale, 0.0)
         else:
             keep = jj
-        if DO_DV:
-            if DROP_THRESH > 0:
-                b_pdT = tl.where(keep, b_pT * drop_scale, 0.0)
-            else:
-                b_pdT = b_pT
-            b_dv = _mma(b_pdT.to(b_do.dtype), b_do, b_dv)  # [BN, BDV]
-        if DO_DK:
-            b_dpT = _mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32))  # [BN, BM] = (dO V^T)^T
-            b_dsT = _dscores(b_pT, b_dpT, b_delta[None, :], b_tT, keep, drop_scale, HAS_SOFTCAP, DROP_THRESH)
-            b_dk = _mma(b_dsT.to(b_q.dtype), b_q, b_dk)  # [BN, BD]
+            b_pdT = b_pT
+        b_dv = _mma(b_pdT.to(b_do.dtype), b_do, b_dv)  # [BN, BDV]
+        b_dsT = _dscores(b_pT, b_dpT, b_delta[None, :], b_tT, keep, drop_scale, HAS_SOFTCAP, DROP_THRESH)
+        b_dk = _mma(b_dsT.to(b_q.dtype), b_q, b_dk)  # [BN, BD]
     return b_dk, b_dv
 
 
@@ -662,15 +655,10 @@ def _attn_bwd_dkdv(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     DROP_THRESH: tl.constexpr,
-    DO_DK: tl.constexpr,
-    DO_DV: tl.constexpr,
 ):
     """One program: BLOCK_N keys of one (batch, kv head); loops over the H // KH query heads that
     share it (GQA) and over their query blocks, so dK/dV are summed in registers and written
-    once (deterministic, no atomics). Grid ``(cdiv(S, BN), KH, B)``.
-
-    ``DO_DK``/``DO_DV`` choose the outputs: both at once, or (large head dims, where two
-    ``[BN, D]`` float32 accumulators do not fit in registers) one per launch."""
+    once (deterministic, no atomics). Grid ``(cdiv(S, BN), KH, B)``."""
     GROUP = H // KH
     pid_n = tl.program_id(0)
     i_kh = tl.program_id(1)
@@ -687,10 +675,7 @@ def _attn_bwd_dkdv(
     k_base = K + i_b64 * S * (KH * D) + i_kh * D
     v_base = V + i_b64 * S * (KH * DV) + i_kh * DV
     b_k = _load_tile(k_base, offs_n, KH * D, S, D, BLOCK_D, True)  # [BN, BD]
-    if DO_DK:  # V is read only for dP = dO V^T, which only dK needs
-        b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, True)  # [BN, BDV]
-    else:
-        b_v = tl.zeros([BLOCK_N, BLOCK_DV], K.dtype.element_ty)
+    b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, True)  # [BN, BDV]
     kseg = _seg_ids(KSeg + i_b64 * S, offs_n, S, -2, HAS_SEG)
     b_dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     b_dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
@@ -741,14 +726,10 @@ def _attn_bwd_dkdv(
                 HAS_SEG,
                 HAS_SOFTCAP,
                 DROP_THRESH,
-                DO_DK,
-                DO_DV,
             )
 
-    if DO_DK:
-        _store_tile(DKey + i_b64 * S * (KH * D) + i_kh * D, b_dk * sm_scale, offs_n, KH * D, S, D, BLOCK_D)
-    if DO_DV:
-        _store_tile(DVal + i_b64 * S * (KH * DV) + i_kh * DV, b_dv, offs_n, KH * DV, S, DV, BLOCK_DV)
+    _store_tile(DKey + i_b64 * S * (KH * D) + i_kh * D, b_dk * sm_scale, offs_n, KH * D, S, D, BLOCK_D)
+    _store_tile(DVal + i_b64 * S * (KH * DV) + i_kh * DV, b_dv, offs_n, KH * DV, S, DV, BLOCK_DV)
 
 
 @triton.jit

@@ -438,44 +438,30 @@ def _bwd_operands(
     return (q, k, v, *arrays), (aux["seed"], do, lse, delta), scalars, cx
 
 
-def _split_dkdv(bd: int, bdv: int) -> bool:
-    """Whether dK and dV take one launch each: above 128 the two ``[BN, D]`` float32 accumulators of
-    one program spill registers on sm_90 at every backward config (ptxas; BENCHMARKS.md, D=256)."""
-    return max(bd, bdv) > 128
-
-
 def _bwd_dkdv(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array) -> tuple[jax.Array, jax.Array]:
     kern, launch = _kernels(), _launch_module()
     k, v, bias, aux = res[1:5]
     b, s, kh, _ = k.shape
     rows, grads, scalars, cx = _bwd_operands(cfg, res, do, delta)
     stream, held, warps, stages = cfg.bwd
-
-    def dkdv(do_dk: bool, do_dv: bool) -> tuple[jax.Array, jax.Array]:
-        return launch.launch(  # type: ignore[no-any-return]
-            kern._attn_bwd_dkdv,
-            *rows,
-            aux["col_lo"],
-            aux["col_hi"],
-            *grads,
-            *scalars,
-            out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
-            grid=(_cdiv(s, held), kh, b),
-            num_warps=warps,
-            num_stages=stages,
-            name="ejkernel_flash_attention_bwd_" + ("dkdv" if do_dk and do_dv else "dk" if do_dk else "dv"),
-            BLOCK_M=stream,
-            BLOCK_N=held,
-            HAS_BIAS=bias is not None,
-            DO_DK=do_dk,
-            DO_DV=do_dv,
-            **cx,
-        )
-
-    if not _split_dkdv(cx["BLOCK_D"], cx["BLOCK_DV"]):
-        return dkdv(True, True)
-    # One output per launch (the other output of each is left unwritten and dropped).
-    return dkdv(True, False)[0], dkdv(False, True)[1]
+    dk, dv = launch.launch(
+        kern._attn_bwd_dkdv,
+        *rows,
+        aux["col_lo"],
+        aux["col_hi"],
+        *grads,
+        *scalars,
+        out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
+        grid=(_cdiv(s, held), kh, b),
+        num_warps=warps,
+        num_stages=stages,
+        name="ejkernel_flash_attention_bwd_dkdv",
+        BLOCK_M=stream,
+        BLOCK_N=held,
+        HAS_BIAS=bias is not None,
+        **cx,
+    )
+    return dk, dv
 
 
 def _bwd_dq(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array) -> jax.Array:
