@@ -332,7 +332,9 @@ def test_gqa_mqa(rng, h, kh):
     check(rng, *_qkv(rng, 1, 29, 35, h, kh, 32), causal=True)
 
 
-@pytest.mark.parametrize("d,dv", [(64, 64), (32, 48), (64, 16)], ids=["D64", "D32_Dv48", "D64_Dv16"])
+@pytest.mark.parametrize(
+    "d,dv", [(64, 64), (32, 48), (64, 16), (200, 136)], ids=["D64", "D32_Dv48", "D64_Dv16", "D200_Dv136"]
+)
 def test_head_dims(rng, d, dv):
     check(rng, *_qkv(rng, 1, 30, 40, 2, 1, d, dv), causal=d != dv)
 
