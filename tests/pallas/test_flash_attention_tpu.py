@@ -121,7 +121,7 @@ def test_interpret_registration_follows_the_environment(monkeypatch):
 
     from ejkernel_pallas import plugin
 
-    for value, backends in (("0", {"tpu"}), ("1", {"tpu", "cpu"})):
+    for value, backends in (("0", {"tpu", "gpu"}), ("1", {"tpu", "gpu", "cpu"})):  # gpu: the Mosaic GPU kernel
         monkeypatch.setenv("EJKERNEL_PALLAS_INTERPRET", value)
         registry = KernelRegistry()
         plugin.ejkernel_register_kernels(registry)

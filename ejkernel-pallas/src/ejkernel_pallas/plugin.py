@@ -51,7 +51,11 @@ def ejkernel_register_kernels(registry: KernelRegistry) -> None:
     targets = [("tpu", 100, "")]
     if interpret_enabled():
         targets.append(("cpu", 1, "_interpret"))
-    entries = [(op, module, backend, priority, suffix) for op, module in TPU_OPS.items() for backend, priority, suffix in targets]
+    entries = [
+        (op, module, backend, priority, suffix)
+        for op, module in TPU_OPS.items()
+        for backend, priority, suffix in targets
+    ]
     entries += [(op, module, "gpu", GPU_PRIORITY, "") for op, module in GPU_OPS.items()]
     for op, module, backend, priority, suffix in entries:
         registry.register(
@@ -83,7 +87,9 @@ def ejkernel_backend_info() -> BackendInfo:
     if not _present("tpu") and not _present("gpu"):
         reason = "no TPU or GPU here; set EJKERNEL_PALLAS_INTERPRET=1 to run the TPU kernels in JAX's interpreter (tests only)"
         if interpret_enabled():
-            reason = "no TPU or GPU here; TPU kernels run in JAX's interpreter on CPU (EJKERNEL_PALLAS_INTERPRET=1; slow)"
+            reason = (
+                "no TPU or GPU here; TPU kernels run in JAX's interpreter on CPU (EJKERNEL_PALLAS_INTERPRET=1; slow)"
+            )
     return BackendInfo(
         name="ejkernel-pallas",
         version=__version__,
