@@ -23,6 +23,23 @@ def _work(x: jax.Array, reps: int) -> jax.Array:
     return jax.lax.fori_loop(0, reps, lambda i, y: jnp.tanh(y @ m + 0.1), x)
 
 
+def _attention_with_costs(query, fwd_reps: int, bwd_reps: int):
+    """``query`` through ``fwd_reps`` rounds of work forward and ``bwd_reps`` backward."""
+
+    @jax.custom_vjp
+    def f(q):
+        return _work(q, fwd_reps)
+
+    def f_fwd(q):
+        return _work(q, fwd_reps), None
+
+    def f_bwd(_, g):
+        return (_work(g, bwd_reps),)
+
+    f.defvjp(f_fwd, f_bwd)
+    return f(query)
+
+
 def costly_attention(
     query,
     key,
@@ -46,19 +63,31 @@ def costly_attention(
     calls.append((fwd_params, bwd_params))
     fwd_reps = (fwd_params or FwdParams(num_stages=4)).num_stages
     bwd_reps = (bwd_params or BwdParams(num_stages=4)).num_stages
+    return _attention_with_costs(query, fwd_reps, bwd_reps)
 
-    @jax.custom_vjp
-    def f(q):
-        return _work(q, fwd_reps)
 
-    def f_fwd(q):
-        return _work(q, fwd_reps), None
-
-    def f_bwd(_, g):
-        return (_work(g, bwd_reps),)
-
-    f.defvjp(f_fwd, f_bwd)
-    return f(query)
+def lopsided_attention(
+    query,
+    key,
+    value,
+    bias=None,
+    *,
+    attention_mask=None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    softmax_scale=None,
+    causal=False,
+    sliding_window=None,
+    logits_soft_cap=None,
+    dropout_prob=0.0,
+    dropout_seed=None,
+    cu_seqlens_q=None,
+    cu_seqlens_k=None,
+    fwd_params=None,
+    bwd_params=None,
+):
+    """The fastest forward of all (no work) with the slowest backward (80 rounds), whatever the params."""
+    return _attention_with_costs(query, 0, 80)
 
 
 def heuristic(inv, stage):
@@ -87,5 +116,22 @@ class CostlyPlugin:
             heuristic_cfg=heuristic,
             candidate_cfgs=candidates,
             supports=refuse_soft_cap,
+            version="1.0",
+        )
+
+
+class LopsidedPlugin:
+    """Registers ``lopsided_attention`` as platform ``lopsided`` (below ``costly``'s priority)."""
+
+    @hookimpl
+    def ejkernel_register_kernels(self, registry):
+        registry.register(
+            "flash_attention",
+            "lopsided",
+            "any",
+            priority=10,
+            impl=lopsided_attention,
+            heuristic_cfg=heuristic,
+            candidate_cfgs=lambda inv, stage: [heuristic(inv, stage)],
             version="1.0",
         )

@@ -65,8 +65,35 @@ def test_eager_autotune_picks_the_cheap_candidates_and_persists_them(costly_plug
     slow = next(s for label, s in t.items() if "'num_stages': 40" in label)
     fast = next(s for label, s in t.items() if "'num_stages': 1}" in label)
     assert slow > 4 * fast, t
+    # fwd, then (differentiated) train = fwd timed with the backward, then bwd
     entries = _cache_entries(isolated_cache)
-    assert sorted(e["params"]["num_stages"] for e in entries.values()) == [1, 2]
+    assert sorted(e["params"]["num_stages"] for e in entries.values()) == [1, 1, 2]
+    train = _selections("train")[-1]
+    assert (train.tier, train.params) == ("autotune", FAST_FWD)
+
+
+def test_differentiated_calls_pick_by_forward_plus_backward_time(costly_plugin, isolated_cache, monkeypatch):
+    # "lopsided" has the cheapest forward (no work) and the dearest backward (80 rounds): timed by its
+    # forward it is a contender, by forward+backward it must lose.
+    from ejkernel.plugins import register_plugin, unregister_plugin
+
+    from ._plugins import LopsidedPlugin
+
+    monkeypatch.setenv("EJKERNEL_AUTOTUNE_POLICY", "autotune")
+    register_plugin(LopsidedPlugin(), "lopsided-test")
+    try:
+        q, k, v = _qkv(shape=(1, 1024, 8, 64))  # long enough that one round of work outweighs a call's overhead
+        jax.grad(lambda q: flash_attention(q, k, v).sum())(q)
+        fwd, train, bwd = _selections("fwd")[-1], _selections("train")[-1], _selections("bwd")[-1]
+        assert train.tier == "autotune" and train.impl.name != "lopsided:any", train.why
+        assert bwd.impl is train.impl
+        fwd_t = {tm.label.split()[0]: tm.seconds for tm in fwd.timings}
+        train_t = {tm.label.split()[0]: tm.seconds for tm in train.timings}
+        # what made it lose was the backward: its forward alone is a fraction of its forward+backward
+        assert fwd_t["lopsided:any"] * 5 < train_t["lopsided:any"], (fwd_t, train_t)
+        assert train_t["lopsided:any"] > 2 * min(train_t.values()), train_t
+    finally:
+        unregister_plugin("lopsided-test")
 
 
 @pytest.mark.parametrize("transform", ["jit", "grad", "vmap", "jit_grad_vmap"])

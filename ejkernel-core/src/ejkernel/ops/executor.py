@@ -118,7 +118,8 @@ class Executor:
 
             def fwd_bwd(dyn: Mapping[str, Any]) -> Any:
                 out, vjp = jax.vjp(lambda d: call(d, impl, fwd_params, bwd_params), dyn)
-                return vjp(jax.tree.map(jax.numpy.ones_like, out))
+                # The output too: a backward that reads no residual would let XLA drop the forward.
+                return out, vjp(jax.tree.map(jax.numpy.ones_like, out))
 
             return fwd_bwd
 
@@ -127,32 +128,26 @@ class Executor:
             kernel, inv, "fwd", impls, override=cfg, forced=forced, timing_fn=timing_fn, make_args=make_args
         )
         _record(inv, fwd)
-        scope = _scope_name(inv, fwd)
 
-        def primal(dyn: Mapping[str, Any], bwd_params: Any) -> Any:
+        def primal(dyn: Mapping[str, Any], sel: Selection, bwd_params: Any) -> Any:
+            scope = _scope_name(inv, sel)
             if scope is None:
-                return call(dyn, fwd.impl, fwd.params, bwd_params)
+                return call(dyn, sel.impl, sel.params, bwd_params)
             with jax.named_scope(scope):
-                return call(dyn, fwd.impl, fwd.params, bwd_params)
+                return call(dyn, sel.impl, sel.params, bwd_params)
 
         @jax.custom_vjp
         def op(dyn: Mapping[str, Any]) -> Any:
-            return primal(dyn, None)
+            return primal(dyn, fwd, None)
 
         def op_fwd(dyn: Mapping[str, Any]) -> Any:
-            # Only reached when the call is differentiated: now the backward's parameters matter.
-            bwd = chain.select(
-                kernel,
-                inv,
-                "bwd",
-                impls,
-                override=cfg,
-                forced=forced,
-                fwd=fwd,
-                timing_fn=timing_fn,
-                make_args=make_args,
-            )
-            out, vjp = jax.vjp(lambda d: primal(d, bwd.params), dyn)
+            # Only reached when the call is differentiated: the implementation is chosen again by
+            # forward+backward time ("train"; the same as "fwd" unless autotuning), then its backward's
+            # parameters.
+            kw: dict[str, Any] = dict(override=cfg, forced=forced, timing_fn=timing_fn, make_args=make_args)
+            train = chain.select(kernel, inv, "train", impls, **kw)
+            bwd = chain.select(kernel, inv, "bwd", impls, fwd=train, **kw)
+            out, vjp = jax.vjp(lambda d: primal(d, train, bwd.params), dyn)
             return out, vjp
 
         def op_bwd(vjp: Any, g: Any) -> Any:

@@ -1,8 +1,9 @@
 """The seven-tier configuration chain (DESIGN §6): override, overlay, memory, persistent, autotune, heuristics, error.
 
 ``select`` resolves one stage of one call: ``"fwd"`` picks the implementation and its forward
-parameters; ``"bwd"`` (asked only when the call is differentiated) picks the backward parameters
-of the implementation the forward chose. Each stage is tuned and cached on its own.
+parameters; when the call is differentiated, ``"train"`` picks them again by forward+backward time
+(an implementation fastest forward may have a slow backward) and ``"bwd"`` then picks the backward
+parameters of the implementation ``"train"`` chose. Each stage is tuned and cached on its own.
 """
 
 from __future__ import annotations
@@ -159,8 +160,12 @@ class ConfigSelectorChain:
 
         ``forced`` names what restricted ``impls`` (for error messages); ``fwd`` is the forward's
         selection when ``stage == "bwd"``; ``timing_fn(impl, fwd_params, bwd_params)`` builds the
-        function the autotuner times on ``make_args()``.
+        function the autotuner times on ``make_args()``. ``"train"`` is ``"fwd"`` timed as
+        forward+backward (each implementation's backward at its heuristic parameters).
         """
+        if stage not in ("fwd", "train", "bwd"):
+            raise ValueError(f"stage must be 'fwd', 'train' or 'bwd', got {stage!r}")
+        param_stage = "bwd" if stage == "bwd" else "fwd"  # what kind of launch parameters the stage picks
         why: list[str] = []
         if stage == "bwd":
             assert fwd is not None
@@ -193,17 +198,17 @@ class ConfigSelectorChain:
                     + ("; ".join(why) or f"available: {[i.name for i in usable]}")
                 )
             impl = chosen[0]
-            wanted = cfg.fwd_params if stage == "fwd" else cfg.bwd_params
-            params = wanted if wanted is not None else kernel.heuristic_cfg(inv, impl, stage)
+            wanted = cfg.fwd_params if param_stage == "fwd" else cfg.bwd_params
+            params = wanted if wanted is not None else kernel.heuristic_cfg(inv, impl, param_stage)
             why.append(
                 f"{tier} config"
-                + ("" if wanted is not None else f" (its {stage}_params unset: {impl.name}'s heuristic)")
+                + ("" if wanted is not None else f" (its {param_stage}_params unset: {impl.name}'s heuristic)")
             )
             return self._remember(Selection(inv.op, stage, impl, params, tier, why))
 
         # Tiers 3 and 4: what was tuned before, in this process or on disk.
         by_name = {i.name: i for i in usable}
-        if stage == "fwd":
+        if stage != "bwd":
             pool = ",".join(f"{i.name}@{i.version}" for i in usable)
         else:
             pool = f"{fwd.impl.name}@{fwd.impl.version}|{stable_hash(fwd.params.to_dict() if fwd.params else {})}"
@@ -214,7 +219,7 @@ class ConfigSelectorChain:
             entry = self.memory.get(mem_key) if tier == "memory" else self.persistent.get(fp_id, inv.op, key)
             if entry is not None and entry.get("impl") in by_name:
                 impl = by_name[entry["impl"]]
-                params_cls = FwdParams if stage == "fwd" else BwdParams
+                params_cls = FwdParams if param_stage == "fwd" else BwdParams
                 params = params_cls.from_dict(entry["params"])
                 if tier == "persistent":
                     self.memory[mem_key] = entry
@@ -226,7 +231,7 @@ class ConfigSelectorChain:
         if policy == "autotune" and timing_fn is not None and make_args is not None:
             candidates: list[tuple[Implementation, Any]] = []
             for impl in usable:
-                for params in kernel.candidate_cfgs(inv, impl, stage):
+                for params in kernel.candidate_cfgs(inv, impl, param_stage):
                     if (impl, params) not in candidates:
                         candidates.append((impl, params))
             if not candidates:
@@ -234,11 +239,17 @@ class ConfigSelectorChain:
                 # outside their mesh); then the heuristic decides, and the explanation says why.
                 why.append(f"autotune: {inv.op} offers no candidates to time for this call")
             else:
+
+                def timed(impl: Implementation, params: Any) -> Callable[..., Any]:
+                    if stage == "fwd":
+                        return timing_fn(impl, params, None)
+                    if stage == "train":
+                        return timing_fn(impl, params, kernel.heuristic_cfg(inv, impl, "bwd"))
+                    assert fwd is not None
+                    return timing_fn(impl, fwd.params, params)
+
                 labelled = [
-                    (
-                        f"{impl.name} {params.to_dict() if params is not None else {}}",
-                        timing_fn(impl, params, None) if stage == "fwd" else timing_fn(impl, fwd.params, params),
-                    )
+                    (f"{impl.name} {params.to_dict() if params is not None else {}}", timed(impl, params))
                     for impl, params in candidates
                 ]
                 try:
@@ -272,7 +283,7 @@ class ConfigSelectorChain:
             impl = usable[0]
             why.append(f"{impl.name} has the highest priority ({impl.priority}) of {[i.name for i in usable]}")
             return self._remember(
-                Selection(inv.op, stage, impl, kernel.heuristic_cfg(inv, impl, stage), "heuristics", why)
+                Selection(inv.op, stage, impl, kernel.heuristic_cfg(inv, impl, param_stage), "heuristics", why)
             )
 
         # Tier 7.
