@@ -1,14 +1,18 @@
-"""Shared machinery of the conformance suites: which implementations to test, fresh inputs, tolerances."""
+"""Shared machinery of the conformance suites: which implementations to test, fresh inputs, tolerances, and the
+checks every suite makes the same way (gradients, finite differences, jit/vmap, refusals, launch configurations)."""
 
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.test_util import check_grads
 
 from ejkernel.kernels import kernel_registry
 from ejkernel.kernels._types import current_backend
@@ -38,6 +42,24 @@ def implementations_under_test(config: Any, op: str) -> list[Any]:
     return [pytest.param(i, id=i.name) for i in impls]
 
 
+def parametrize_implementations(op: str) -> Callable[[Any], None]:
+    """The suite's ``pytest_generate_tests``: every test taking ``impl`` runs once per implementation under test."""
+
+    def pytest_generate_tests(metafunc: Any) -> None:
+        if "impl" in metafunc.fixturenames:
+            metafunc.parametrize("impl", implementations_under_test(metafunc.config, op))
+
+    return pytest_generate_tests
+
+
+def dtype_cases(cases: Sequence[Any], lower_precision: Mapping[str, Sequence[str]]) -> list[Any]:
+    """``pytest.param(case, dtype)``, id ``name-dtype``: every case in float32, and the cases named in
+    ``lower_precision`` also in the dtypes given there (compiling is what costs time on CI)."""
+    return [pytest.param(c, "float32", id=f"{c.name}-float32") for c in cases] + [
+        pytest.param(c, dtype, id=f"{c.name}-{dtype}") for c in cases for dtype in lower_precision.get(c.name, ())
+    ]
+
+
 def fresh_key() -> tuple[jax.Array, int]:
     """A new random key each run; the seed is returned so that a failure can be reproduced."""
     seed = int.from_bytes(os.urandom(4), "little")
@@ -57,6 +79,76 @@ def assert_close(got: Any, want: Any, rtol: float, what: str, seed: int) -> None
     assert got.shape == want.shape, f"{what}: shape {got.shape} != reference {want.shape} (seed {seed})"
     err = relative_error(got, want)
     assert err <= rtol, f"{what}: relative error {err:.3g} > {rtol:g} (seed {seed})"
+
+
+def assert_grads_close(
+    names: Sequence[str], got: Sequence[Any], want: Sequence[Any], rtol: float, what: str, seed: int
+) -> None:
+    """Each gradient has the reference's dtype and values; ``names`` (``dq``, ``dk``, ...) may name more
+    inputs than a call has (an optional ``bias`` last)."""
+    assert len(got) == len(want) <= len(names), f"{what}: {len(got)} gradients, the reference has {len(want)}"
+    for name, g, w in zip(names, got, want):
+        assert g.dtype == w.dtype, f"{what} {name} dtype {g.dtype} != {w.dtype}"
+        assert_close(g, w, rtol, f"{what} {name}", seed)
+
+
+def assert_refused(
+    fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], message: str, op: str
+) -> None:
+    """``fn(*args, **kwargs)`` raises ValueError or TypeError, and the message starts with the op's name and
+    matches ``message`` (a regular expression)."""
+    with pytest.raises((ValueError, TypeError), match=rf"^{re.escape(op)}\b.*{message}"):
+        fn(*args, **kwargs)
+
+
+def check_grads_numerically(fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """Reverse-mode gradients of ``fn`` against finite differences, in float32 (tiny inputs: ``fn`` is
+    evaluated many times; the tolerance is that of float32 differences with ``eps=1e-2``)."""
+    with jax.enable_x64(False):
+        check_grads(fn, args, order=1, modes=("rev",), atol=3e-2, rtol=3e-2, eps=1e-2)
+
+
+def assert_jit_and_vmap_agree_with_eager(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    seed: int,
+    *,
+    jit_rtol: float = 1e-6,
+    vmap_rtol: float = 1e-5,
+    add_axis: Callable[[jax.Array], jax.Array] = lambda x: x[:, None],
+    drop_axis: Callable[[jax.Array], jax.Array] = lambda x: x[:, 0],
+) -> None:
+    """``fn(*args)`` (arrays or pytrees of them, out likewise) is the same eager, under ``jit`` and under ``vmap``.
+    By default ``vmap`` maps over the batch, each element a batch of one (``add_axis``/``drop_axis`` say
+    where the mapped axis goes in and comes out)."""
+    eager = jax.tree.leaves(fn(*args))
+    jit_out = jax.tree.leaves(jax.jit(fn)(*args))
+    vmapped = [drop_axis(x) for x in jax.tree.leaves(jax.vmap(fn)(*jax.tree.map(add_axis, args)))]
+    for what, got, rtol in (("jit", jit_out, jit_rtol), ("vmap", vmapped, vmap_rtol)):
+        assert len(got) == len(eager), f"{what}: {len(got)} outputs, eager gives {len(eager)}"
+        for i, (g, e) in enumerate(zip(got, eager)):
+            assert_close(g, e, rtol, f"{what} output {i}", seed)
+
+
+def forward_and_vjp(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any], cot: jax.Array) -> Any:
+    """``(out, gradients of every positional input)`` of ``fn(*args, **kwargs)`` for the cotangent ``cot``,
+    compiled as one program."""
+
+    def both(*a: Any, **kw: Any) -> Any:
+        out, vjp = jax.vjp(lambda *x: fn(*x, **kw), *a)
+        return out, vjp(cot.astype(out.dtype))
+
+    return jitted(both, **kwargs)(*args)
+
+
+def candidate_cfg_pairs(impl: Any, invocation: Any) -> list[tuple[Any, Any]]:
+    """The ``(fwd, bwd)`` launch configurations ``impl`` offers the autotuner but the first, heuristic one (the
+    other tests use that); skips the test when there is none."""
+    fwd, bwd = impl.candidate_cfgs(invocation, "fwd"), impl.candidate_cfgs(invocation, "bwd")
+    pairs = list(zip(fwd, bwd))[1:]
+    if not pairs:
+        pytest.skip(f"{impl.name} offers no launch configuration besides its heuristic one")
+    return pairs
 
 
 def call_forced(fn: Any, impl: Any, *args: Any, **kwargs: Any) -> Any:

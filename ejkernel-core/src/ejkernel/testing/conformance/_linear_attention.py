@@ -1,5 +1,7 @@
 """What the linear-attention conformance suites (``gla``, ``lightning_attn``, ``recurrent``) share.
 
+Layout: B batch, T length, H heads, K query/key head dim, V value head dim, N packed sequences.
+
 Inputs are built by name in a dict (``q``, ``k``, ``v``, gates, ``initial_state``, ``cu_seqlens``), so one
 helper computes the output, the final state and the gradient of every float input for any of the ops,
 on the implementation under test and on the reference (each jitted whole).
@@ -21,12 +23,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.testing.conformance._harness import FWD_RTOL, GRAD_RTOL, assert_close
+from ejkernel.testing.conformance._harness import (
+    FWD_RTOL,
+    GRAD_RTOL,
+    assert_close,
+    assert_jit_and_vmap_agree_with_eager,
+    check_grads_numerically,
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One call: sizes, which optional inputs exist, packing and how strong the gates are."""
+    """One call: sizes, which optional inputs exist, packing, which gates (``recurrent``) and how strong."""
 
     name: str
     b: int = 2
@@ -37,6 +45,7 @@ class Case:
     initial_state: bool = True
     final_state: bool = True
     cu_seqlens: tuple[int, ...] | None = None
+    gates: tuple[str, ...] = ()  # the optional gate inputs the case passes
     gate_scale: float = 0.25  # log gates are gate_scale * log_sigmoid(x): about -0.2 per step
     options: tuple[tuple[str, Any], ...] = ()
 
@@ -113,7 +122,8 @@ def check_against_reference(
     *,
     grads: bool = True,
 ) -> None:
-    """Output dtype and values, final state (float32 or None) and every gradient against the reference."""
+    """Output dtype and values, final state (float32 or None) and every gradient against the reference; with
+    ``cu_seqlens``, tokens outside every sequence give exact zeros and zero ``dq``."""
     o, state, g = got
     o_ref, state_ref, g_ref = want
     assert o.dtype == jnp.dtype(dtype), f"{case.name}: output dtype {o.dtype} != input dtype {dtype}"
@@ -130,3 +140,37 @@ def check_against_reference(
             assert g[name].dtype == g_ref[name].dtype, f"d{name} dtype {g[name].dtype} != {g_ref[name].dtype}"
             rtol = GRAD_RTOL[dtype] if g_ref[name].dtype == jnp.dtype(dtype) else GRAD_RTOL["float32"] * 10
             assert_close(g[name], g_ref[name], rtol, f"{case.name} {dtype} d{name}", seed)
+    if case.cu_seqlens is not None:
+        end = case.cu_seqlens[-1]
+        assert np.all(np.asarray(o[:, end:]) == 0), "tokens after cu_seqlens[-1] must give zeros"
+        if grads:
+            assert np.all(np.asarray(g["q"][:, end:]) == 0), "tokens after cu_seqlens[-1] must have zero dq"
+
+
+def check_grads_in(fn: Callable[..., Any], arrays: dict[str, Any], names: tuple[str, ...]) -> None:
+    """Finite differences of ``fn(**arrays)`` (output and final state) in the inputs ``names``."""
+    fixed = {n: x for n, x in arrays.items() if n not in names}
+    check_grads_numerically(lambda *xs: fn(**dict(zip(names, xs)), **fixed), tuple(arrays[n] for n in names))
+
+
+def assert_jit_and_vmap_agree(fn: Callable[..., Any], arrays: dict[str, Any], seed: int) -> None:
+    """``fn(**arrays)`` (output and final state) is the same eager, under ``jit`` and under ``vmap`` over a new
+    leading axis of one (not the batch: ``lightning_attn``'s ``slope`` has none)."""
+    assert_jit_and_vmap_agree_with_eager(
+        lambda a: fn(**a), (arrays,), seed, jit_rtol=1e-5, add_axis=lambda x: x[None], drop_axis=lambda x: x[0]
+    )
+
+
+def assert_split_equals_carrying_the_state(
+    fn: Callable[..., Any], arrays: dict[str, Any], time_inputs: tuple[str, ...], at: int, seed: int
+) -> None:
+    """Running T tokens at once equals running the first ``at``, then the rest from their final state: the state
+    is the whole memory of the recurrence (what decoding relies on). ``fn(**arrays)`` returns
+    ``(o, final_state)``; ``time_inputs`` are the inputs with a time axis (axis 1)."""
+    whole, state = fn(**arrays)
+    first = {n: (x[:, :at] if n in time_inputs else x) for n, x in arrays.items()}
+    o1, s1 = fn(**first)
+    rest = {**{n: (x[:, at:] if n in time_inputs else x) for n, x in arrays.items()}, "initial_state": s1}
+    o2, s2 = fn(**rest)
+    assert_close(jnp.concatenate([o1, o2], axis=1), whole, 1e-5, "split output", seed)
+    assert_close(s2, state, 1e-5, "split final state", seed)

@@ -6,26 +6,38 @@ Weights: ``[B, H, T, S]`` float32, the matrix that multiplies the values (after 
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
 
 from ejkernel.modules import attention
 from ejkernel.modules.operations.attention import _kernel
 from ejkernel.testing import reference
+from ejkernel.testing.conformance._attention import (
+    FLASH_OPTION_BAD_INPUTS,
+    QKV_BAD_INPUTS,
+    BadInput,
+    Case,
+    assert_rows_without_keys_are_zero,
+    bad_input_qkv,
+    make_inputs,
+)
 from ejkernel.testing.conformance._harness import (
     FWD_RTOL,
     GRAD_RTOL,
     assert_close,
+    assert_grads_close,
+    assert_jit_and_vmap_agree_with_eager,
+    assert_refused,
     call_forced,
+    check_grads_numerically,
+    dtype_cases,
     fresh_key,
-    implementations_under_test,
     jitted,
+    parametrize_implementations,
 )
 from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
 
@@ -35,27 +47,9 @@ OP = "attention"
 WEIGHTS_RTOL = FWD_RTOL
 
 
-def pytest_generate_tests(metafunc: Any) -> None:
-    if "impl" in metafunc.fixturenames:
-        metafunc.parametrize("impl", implementations_under_test(metafunc.config, OP))
+pytest_generate_tests = parametrize_implementations(OP)
 
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One call shape plus options; ``arrays`` names extra array inputs the case builds."""
-
-    name: str
-    b: int = 2
-    t: int = 37  # deliberately not a multiple of any block size
-    s: int = 53
-    h: int = 4
-    k: int = 2
-    d: int = 32
-    dv: int | None = None
-    options: tuple[tuple[str, Any], ...] = ()
-    arrays: tuple[str, ...] = ()
-
-
+# Cases (shapes, options, extra arrays) and their inputs are those of flash_attention (``_attention.make_inputs``).
 CASES = [
     Case("plain"),
     Case("gqa_causal", options=(("causal", True),)),  # bottom-right aligned, as flash_attention
@@ -69,32 +63,8 @@ CASES = [
     Case("dropout", options=(("dropout_prob", 0.25), ("dropout_seed", 1234))),
     Case("length_one_query", t=1, s=29, options=(("causal", True),)),
 ]
-_BY_NAME = {c.name: c for c in CASES}
-DTYPE_CASES = [pytest.param(c, "float32", id=f"{c.name}-float32") for c in CASES] + [
-    pytest.param(_BY_NAME[name], dtype, id=f"{name}-{dtype}")
-    for dtype in ("bfloat16", "float16")
-    for name in ("gqa_causal", "bias_full")
-]
-
-
-def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    kq, kk, kv, kb, km = jax.random.split(key, 5)
-    dv = case.dv or case.d
-    q = jax.random.normal(kq, (case.b, case.t, case.h, case.d), jnp.float32).astype(dtype)
-    k = jax.random.normal(kk, (case.b, case.s, case.k, case.d), jnp.float32).astype(dtype)
-    v = jax.random.normal(kv, (case.b, case.s, case.k, dv), jnp.float32).astype(dtype)
-    kwargs: dict[str, Any] = dict(case.options)
-    bias = None
-    for name in case.arrays:
-        if name == "bias_full":
-            bias = jax.random.normal(kb, (case.b, case.h, case.t, case.s), jnp.float32).astype(dtype)
-        elif name == "bias_heads":
-            bias = jax.random.normal(kb, (1, case.h, case.t, case.s), jnp.float32).astype(dtype)
-        elif name == "attention_mask":
-            mask = jax.random.bernoulli(km, 0.7, (case.b, 1, case.t, case.s))
-            kwargs["attention_mask"] = mask.at[0, 0, 3, :].set(False)  # one fully masked row
-    args = (q, k, v) if bias is None else (q, k, v, bias)
-    return args, kwargs
+# Every case in float32; the half-precision dtypes on the cases that exercise a different path each.
+DTYPE_CASES = dtype_cases(CASES, {"gqa_causal": ("bfloat16", "float16"), "bias_full": ("bfloat16", "float16")})
 
 
 def call(impl: Any, *args: Any, **kwargs: Any) -> Any:
@@ -137,9 +107,7 @@ def test_forward_weights_and_gradients_match_reference(impl, case, dtype):
     assert weights.dtype == jnp.float32, f"weights dtype {weights.dtype} != float32"
     assert_close(out, want, FWD_RTOL[dtype], f"{case.name} forward", seed)
     assert_close(weights, want_weights, WEIGHTS_RTOL[dtype], f"{case.name} weights", seed)
-    for name, g, w in zip(("dq", "dk", "dv", "dbias"), grads, want_grads):
-        assert g.dtype == w.dtype, f"{name} dtype {g.dtype} != {w.dtype}"
-        assert_close(g, w, GRAD_RTOL[dtype], f"{case.name} {name}", seed)
+    assert_grads_close(("dq", "dk", "dv", "dbias"), grads, want_grads, GRAD_RTOL[dtype], case.name, seed)
 
 
 def test_weights_are_the_matrix_that_multiplies_the_values(impl):
@@ -198,9 +166,7 @@ def test_check_grads_numerically(impl):
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, "float32", key)
     skip_if_unsupported(impl, args, {**kwargs, "return_weights": True})
-    with jax.enable_x64(False):
-        fn = jax.jit(lambda *a: call(impl, *a, **kwargs, return_weights=True))
-        check_grads(fn, args, order=1, modes=("rev",), atol=3e-2, rtol=3e-2, eps=1e-2)
+    check_grads_numerically(jax.jit(lambda *a: call(impl, *a, **kwargs, return_weights=True)), args)
 
 
 def test_fully_masked_rows_give_zeros_and_zero_gradients(impl):
@@ -214,13 +180,10 @@ def test_fully_masked_rows_give_zeros_and_zero_gradients(impl):
         res, vjp = jax.vjp(lambda q, k, v: call(impl, q, k, v, attention_mask=mask, return_weights=True), *a)
         return res, vjp(jax.tree.map(jnp.ones_like, res))
 
-    (out, weights), (dq, dk, dv) = jax.jit(results_and_grads)(*args)
-    assert np.all(np.isfinite(out)) and np.all(np.isfinite(weights)), f"NaN/inf in the results (seed {seed})"
-    assert np.all(np.asarray(out[:, [2, 5]]) == 0), "fully masked rows must be exactly zero"
+    (out, weights), grads = jax.jit(results_and_grads)(*args)
+    assert_rows_without_keys_are_zero(out, grads, np.s_[:, [2, 5]], seed, what="fully masked rows")
+    assert np.all(np.isfinite(weights)), f"NaN/inf in the weights (seed {seed})"
     assert np.all(np.asarray(weights[:, :, [2, 5]]) == 0), "fully masked rows have zero weights"
-    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
-        assert np.all(np.isfinite(g)), f"{name} has NaN/inf (seed {seed})"
-    assert np.all(np.asarray(dq[:, [2, 5]]) == 0)
 
 
 def test_dropout_is_deterministic_per_seed(impl):
@@ -239,39 +202,16 @@ def test_dropout_is_deterministic_per_seed(impl):
 
 def test_jit_and_vmap_agree_with_eager(impl):
     key, seed = fresh_key()
-    args, kwargs = make_inputs(Case("t", b=2, t=7, s=9, h=2, k=1, d=8), "float32", key)
+    args, _ = make_inputs(Case("t", b=2, t=7, s=9, h=2, k=1, d=8), "float32", key)
     skip_if_unsupported(impl, args, {"causal": True})
-    eager = call(impl, *args, causal=True)
-    jit_out = jax.jit(lambda *a: call(impl, *a, causal=True))(*args)
-    vmapped = jax.vmap(lambda *a: call(impl, *a, causal=True))(*(x[:, None] for x in args))[:, 0]
-    assert_close(jit_out, eager, 1e-6, "jit", seed)
-    assert_close(vmapped, eager, 1e-5, "vmap", seed)
+    assert_jit_and_vmap_agree_with_eager(lambda *a: call(impl, *a, causal=True), args, seed)
 
 
-BAD_INPUTS = [
-    ("query_ndim", lambda q, k, v: ((q[0], k, v), {}), "query must be 4-D"),
-    ("dtype_mismatch", lambda q, k, v: ((q, k.astype(jnp.bfloat16), v), {}), "must share a dtype"),
-    ("int_query", lambda q, k, v: ((q.astype(jnp.int32), k, v), {}), "query must be float32, bfloat16 or float16"),
-    ("heads", lambda q, k, v: ((q[:, :, :3], k, v), {}), "multiple of key/value heads"),
-    ("head_dim", lambda q, k, v: ((q, k[..., :8], v), {}), "key head dim must equal query head dim"),
-    (
-        "bias_shape",
-        lambda q, k, v: ((q, k, v, jnp.zeros((2, 4, 5, 5))), {}),
-        r"bias must have shape \[B\|1, H\|1, T, S\]",
-    ),
-    (
-        "mask_dtype",
-        lambda q, k, v: ((q, k, v), {"attention_mask": jnp.ones((1, 1, 8, 8))}),
-        "attention_mask must be bool",
-    ),
-    ("dropout_seed", lambda q, k, v: ((q, k, v), {"dropout_prob": 0.1}), "needs dropout_seed"),
-    (
-        "dropout_prob",
-        lambda q, k, v: ((q, k, v), {"dropout_prob": 1.0, "dropout_seed": 0}),
-        r"dropout_prob must be a float in \[0, 1\)",
-    ),
-    ("window", lambda q, k, v: ((q, k, v), {"sliding_window": (-1, 2)}), "sliding_window must be"),
-    ("soft_cap", lambda q, k, v: ((q, k, v), {"logits_soft_cap": 0.0}), "logits_soft_cap must be a positive"),
+# (id, make(q, k, v) -> (args, kwargs), what the message says): the checks of q/k/v every attention op makes,
+# those of the options attention shares with flash_attention, and its own.
+BAD_INPUTS: list[BadInput] = [
+    *QKV_BAD_INPUTS,
+    *FLASH_OPTION_BAD_INPUTS,
     ("return_weights", lambda q, k, v: ((q, k, v), {"return_weights": "yes"}), "return_weights must be a bool"),
     ("segments", lambda q, k, v: ((q, k, v), {"q_segment_ids": jnp.zeros((2, 8), jnp.int32)}), "q_segment_ids"),
 ]
@@ -279,8 +219,5 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("name", "make", "message"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_inputs_are_refused_with_a_clear_error(impl, name, make, message):
-    q = jnp.ones((2, 8, 4, 16))
-    k = v = jnp.ones((2, 8, 2, 16))
-    args, kwargs = make(q, k, v)
-    with pytest.raises((ValueError, TypeError), match=rf"^{OP}\b.*{message}"):
-        call(impl, *args, **kwargs)
+    args, kwargs = make(*bad_input_qkv())
+    assert_refused(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, message, OP)

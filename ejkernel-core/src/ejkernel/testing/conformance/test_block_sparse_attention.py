@@ -14,7 +14,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
 
 from ejkernel.kernels.signatures.block_sparse_attention import block_sparse_mask
 from ejkernel.modules import block_sparse_attention
@@ -22,24 +21,34 @@ from ejkernel.modules.operations.block_sparse_attention import _kernel
 from ejkernel.modules.operations.configs import BlockSparseAttentionConfig
 from ejkernel.ops import Invocation
 from ejkernel.testing import reference
+from ejkernel.testing.conformance._attention import (
+    QKV_BAD_INPUTS,
+    BadInput,
+    assert_rows_without_keys_are_zero,
+    bad_input_qkv,
+    qkv,
+)
 from ejkernel.testing.conformance._harness import (
     DTYPES,
     FWD_RTOL,
     GRAD_RTOL,
     assert_close,
+    assert_grads_close,
+    assert_refused,
     call_forced,
+    candidate_cfg_pairs,
+    check_grads_numerically,
+    dtype_cases,
+    forward_and_vjp,
     fresh_key,
-    implementations_under_test,
-    jitted,
+    parametrize_implementations,
 )
 from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
 
 OP = "block_sparse_attention"
 
 
-def pytest_generate_tests(metafunc: Any) -> None:
-    if "impl" in metafunc.fixturenames:
-        metafunc.parametrize("impl", implementations_under_test(metafunc.config, OP))
+pytest_generate_tests = parametrize_implementations(OP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,19 +86,15 @@ CASES = [
     Case("batch_one_mha_local", b=1, t=40, s=40, h=3, k=3, d=64, options=(("local_blocks", 1), ("causal", True))),
 ]
 # Each case runs in float32; these also run in a lower precision (compiling is what costs time on CI).
-LOW_PRECISION_CASES = {"mask_per_head_gqa_unequal_blocks": "bfloat16", "local_global_causal": "float16"}
-DTYPE_CASES = [(c, "float32") for c in CASES] + [
-    (c, LOW_PRECISION_CASES[c.name]) for c in CASES if c.name in LOW_PRECISION_CASES
-]
-assert {dt for _, dt in DTYPE_CASES} == set(DTYPES)
+DTYPE_CASES = dtype_cases(
+    CASES, {"mask_per_head_gqa_unequal_blocks": ("bfloat16",), "local_global_causal": ("float16",)}
+)
+assert {p.values[1] for p in DTYPE_CASES} == set(DTYPES)
 
 
 def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any]]:
     kq, kk, kv, km, ks1, ks2 = jax.random.split(key, 6)
-    dv = case.dv or case.d
-    q = jax.random.normal(kq, (case.b, case.t, case.h, case.d), jnp.float32).astype(dtype)
-    k = jax.random.normal(kk, (case.b, case.s, case.k, case.d), jnp.float32).astype(dtype)
-    v = jax.random.normal(kv, (case.b, case.s, case.k, dv), jnp.float32).astype(dtype)
+    q, k, v = qkv(case, dtype, (kq, kk, kv))
     kwargs: dict[str, Any] = {"q_block": case.q_block, "kv_block": case.kv_block, **dict(case.options)}
     if case.mask is not None:
         lb = case.b if case.mask in ("batch", "both") else 1
@@ -112,29 +117,17 @@ def skip_if_unsupported(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     _skip_if_unsupported(impl, _kernel, block_sparse_attention, args, kwargs)
 
 
-def _forward_and_grads(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cot: jax.Array) -> Any:
-    """``(out, (dq, dk, dv))`` of ``fn`` for the cotangent ``cot``, compiled as one program."""
-
-    def both(*a: Any, **kw: Any) -> Any:
-        out, vjp = jax.vjp(lambda *x: fn(*x, **kw), *a)
-        return out, vjp(cot.astype(out.dtype))
-
-    return jitted(both, **kwargs)(*args)
-
-
-@pytest.mark.parametrize(("case", "dtype"), DTYPE_CASES, ids=[f"{c.name}-{dt}" for c, dt in DTYPE_CASES])
+@pytest.mark.parametrize(("case", "dtype"), DTYPE_CASES)
 def test_forward_and_gradients_match_reference(impl, case, dtype):
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, dtype, key)
     skip_if_unsupported(impl, args, kwargs)
     cot = jax.random.normal(jax.random.fold_in(key, 1), (case.b, case.t, case.h, case.dv or case.d)).astype(dtype)
-    out, grads = _forward_and_grads(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, cot)
-    want, want_grads = _forward_and_grads(reference.block_sparse_attention, args, kwargs, cot)
+    out, grads = forward_and_vjp(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, cot)
+    want, want_grads = forward_and_vjp(reference.block_sparse_attention, args, kwargs, cot)
     assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != input dtype {dtype}"
     assert_close(out, want, FWD_RTOL[dtype], f"{case.name} forward", seed)
-    for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads, strict=True):
-        assert g.dtype == w.dtype, f"{name} dtype {g.dtype} != {w.dtype}"
-        assert_close(g, w, GRAD_RTOL[dtype], f"{case.name} {name}", seed)
+    assert_grads_close(("dq", "dk", "dv"), grads, want_grads, GRAD_RTOL[dtype], case.name, seed)
 
 
 def test_every_candidate_config_matches_reference(impl):
@@ -145,18 +138,14 @@ def test_every_candidate_config_matches_reference(impl):
     args, kwargs = make_inputs(case, "float32", key)
     skip_if_unsupported(impl, args, kwargs)
     inv = Invocation.create(OP, _kernel.normalize(_kernel.bind(args, kwargs)), impl.backend)
-    fwd, bwd = impl.candidate_cfgs(inv, "fwd"), impl.candidate_cfgs(inv, "bwd")
+    pairs = candidate_cfg_pairs(impl, inv)
     cot = jax.random.normal(jax.random.fold_in(key, 1), (case.b, case.t, case.h, case.d))
-    want, want_grads = _forward_and_grads(reference.block_sparse_attention, args, kwargs, cot)
-    pairs = list(zip(fwd, bwd, strict=False))[1:]
-    if not pairs:
-        pytest.skip(f"{impl.name} offers no launch configuration besides its heuristic one")
+    want, want_grads = forward_and_vjp(reference.block_sparse_attention, args, kwargs, cot)
     for fp, bp in pairs:
         cfg = BlockSparseAttentionConfig(platform=impl.platform, backend=impl.backend, fwd_params=fp, bwd_params=bp)
-        out, grads = _forward_and_grads(lambda *a, cfg=cfg, **kw: call(impl, *a, cfg=cfg, **kw), args, kwargs, cot)
+        out, grads = forward_and_vjp(lambda *a, cfg=cfg, **kw: call(impl, *a, cfg=cfg, **kw), args, kwargs, cot)
         assert_close(out, want, FWD_RTOL["float32"], f"forward with {fp}", seed)
-        for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads, strict=True):
-            assert_close(g, w, GRAD_RTOL["float32"], f"{name} with {bp}", seed)
+        assert_grads_close(("dq", "dk", "dv"), grads, want_grads, GRAD_RTOL["float32"], f"with {bp}", seed)
 
 
 def test_check_grads_numerically(impl):
@@ -165,9 +154,7 @@ def test_check_grads_numerically(impl):
     args, kwargs = make_inputs(case, "float32", key)
     kwargs.update(causal=True, logits_soft_cap=3.0)
     skip_if_unsupported(impl, args, kwargs)
-    fn = jax.jit(lambda *a: call(impl, *a, **kwargs))
-    with jax.enable_x64(False):
-        check_grads(fn, args, order=1, modes=("rev",), atol=3e-2, rtol=3e-2, eps=1e-2)
+    check_grads_numerically(jax.jit(lambda *a: call(impl, *a, **kwargs)), args)
 
 
 def test_fully_masked_rows_give_zeros_and_zero_gradients(impl):
@@ -184,14 +171,9 @@ def test_fully_masked_rows_give_zeros_and_zero_gradients(impl):
         "kv_segment_ids": jnp.zeros((1, 24), jnp.int32),
     }
     skip_if_unsupported(impl, args, kw)
-    out, (dq, dk, dv) = _forward_and_grads(lambda *a, **k: call(impl, *a, **k), args, kw, jnp.ones((1, 20, 2, 16)))
-    assert np.all(np.isfinite(out)), f"NaN/inf in the output (seed {seed})"
-    rows = [4, 5, 6, 7, 15]
-    assert np.all(np.asarray(out[:, rows]) == 0), "fully masked rows must be exactly zero"
+    out, grads = forward_and_vjp(lambda *a, **k: call(impl, *a, **k), args, kw, jnp.ones((1, 20, 2, 16)))
+    assert_rows_without_keys_are_zero(out, grads, np.s_[:, [4, 5, 6, 7, 15]], seed, what="fully masked rows")
     assert np.any(np.asarray(out[:, 8]) != 0), "the other rows must not be zero"
-    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
-        assert np.all(np.isfinite(g)), f"{name} has NaN/inf (seed {seed})"
-    assert np.all(np.asarray(dq[:, rows]) == 0)
 
 
 def test_pattern_equals_its_explicit_mask(impl):
@@ -222,12 +204,10 @@ def _mask(*shape: int, dtype: Any = bool) -> jax.Array:
     return jnp.ones(shape, dtype)
 
 
-BAD_INPUTS = [
-    ("query_ndim", lambda q, k, v: ((q[0], k, v), {}), "query must be 4-D"),
-    ("dtype_mismatch", lambda q, k, v: ((q, k.astype(jnp.bfloat16), v), {}), "must share a dtype"),
-    ("int_query", lambda q, k, v: ((q.astype(jnp.int32), k, v), {}), "query must be float32, bfloat16 or float16"),
-    ("heads", lambda q, k, v: ((q[:, :, :3], k, v), {}), "multiple of key/value heads"),
-    ("head_dim", lambda q, k, v: ((q, k[..., :8], v), {}), "key head dim must equal query head dim"),
+# (id, make(q, k, v) -> (args, kwargs), what the message says): the checks of q/k/v every attention op makes,
+# then this op's own.
+BAD_INPUTS: list[BadInput] = [
+    *QKV_BAD_INPUTS,
     (
         "mask_shape",
         lambda q, k, v: ((q, k, v), {"block_mask": _mask(1, 1, 2, 3), "q_block": 4, "kv_block": 4}),
@@ -277,8 +257,5 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("name", "make", "message"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_inputs_are_refused_with_a_clear_error(impl, name, make, message):
-    q = jnp.ones((2, 8, 4, 16))
-    k = v = jnp.ones((2, 8, 2, 16))
-    args, kwargs = make(q, k, v)
-    with pytest.raises((ValueError, TypeError), match=message):
-        call(impl, *args, **kwargs)
+    args, kwargs = make(*bad_input_qkv())
+    assert_refused(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, message, OP)

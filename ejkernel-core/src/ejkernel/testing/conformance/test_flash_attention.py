@@ -12,47 +12,43 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
 
 from ejkernel.modules import flash_attention
 from ejkernel.modules.operations.flash_attention import _kernel
 from ejkernel.testing import reference
+from ejkernel.testing.conformance._attention import (
+    FLASH_OPTION_BAD_INPUTS,
+    QKV_BAD_INPUTS,
+    BadInput,
+    Case,
+    assert_rows_without_keys_are_zero,
+    bad_input_qkv,
+    make_inputs,
+)
 from ejkernel.testing.conformance._harness import (
     DTYPES,
     FWD_RTOL,
     GRAD_RTOL,
     assert_close,
+    assert_grads_close,
+    assert_jit_and_vmap_agree_with_eager,
+    assert_refused,
     call_forced,
+    check_grads_numerically,
     fresh_key,
-    implementations_under_test,
     jitted,
+    parametrize_implementations,
 )
 from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
 
 OP = "flash_attention"
 
 
-def pytest_generate_tests(metafunc: Any) -> None:
-    if "impl" in metafunc.fixturenames:
-        metafunc.parametrize("impl", implementations_under_test(metafunc.config, OP))
+pytest_generate_tests = parametrize_implementations(OP)
 
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One call shape plus options; ``arrays`` names extra array inputs the case builds."""
-
-    name: str
-    b: int = 2
-    t: int = 37  # deliberately not a multiple of any block size
-    s: int = 53
-    h: int = 4
-    k: int = 2
-    d: int = 32
-    dv: int | None = None
-    options: tuple[tuple[str, Any], ...] = ()
-    arrays: tuple[str, ...] = ()
-
-
+# ``Case(name, b, t, s, h, k, d, dv, options, arrays)``; ``arrays`` names the extra inputs ``_attention.make_inputs``
+# builds: ``bias_full``, ``bias_heads`` (broadcast over the batch), ``attention_mask`` (a row masked whole),
+# ``segment_ids`` (a query in a segment without keys), ``cu_seqlens`` (three packed sequences, one empty).
 CASES = [
     Case("plain"),
     Case("gqa_causal", options=(("causal", True),)),
@@ -74,34 +70,6 @@ CASES = [
     Case("length_one_both", t=1, s=1),
     Case("batch_one_head_dim_64", b=1, t=20, s=20, h=2, k=2, d=64, options=(("causal", True),)),
 ]
-
-
-def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    kq, kk, kv, kb, km = jax.random.split(key, 5)
-    dv = case.dv or case.d
-    q = jax.random.normal(kq, (case.b, case.t, case.h, case.d), jnp.float32).astype(dtype)
-    k = jax.random.normal(kk, (case.b, case.s, case.k, case.d), jnp.float32).astype(dtype)
-    v = jax.random.normal(kv, (case.b, case.s, case.k, dv), jnp.float32).astype(dtype)
-    kwargs: dict[str, Any] = dict(case.options)
-    bias = None
-    for name in case.arrays:
-        if name == "bias_full":
-            bias = jax.random.normal(kb, (case.b, case.h, case.t, case.s), jnp.float32).astype(dtype)
-        elif name == "bias_heads":
-            bias = jax.random.normal(kb, (1, case.h, case.t, case.s), jnp.float32).astype(dtype)
-        elif name == "attention_mask":
-            mask = jax.random.bernoulli(km, 0.7, (case.b, 1, case.t, case.s))
-            kwargs["attention_mask"] = mask.at[0, 0, 3, :].set(False)  # one fully masked row
-        elif name == "segment_ids":
-            qs = jnp.sort(jax.random.randint(km, (case.b, case.t), 0, 3), axis=-1)
-            ks = jnp.sort(jax.random.randint(kb, (case.b, case.s), 0, 3), axis=-1)
-            kwargs["q_segment_ids"], kwargs["kv_segment_ids"] = qs.at[:, -1].set(7), ks  # segment 7: no keys
-        elif name == "cu_seqlens":
-            # Three sequences, the middle one empty on the query side.
-            kwargs["cu_seqlens_q"] = jnp.array([0, 17, 17, case.t], jnp.int32)
-            kwargs["cu_seqlens_k"] = jnp.array([0, 20, 31, case.s], jnp.int32)
-    args = (q, k, v) if bias is None else (q, k, v, bias)
-    return args, kwargs
 
 
 def call(impl: Any, *args: Any, **kwargs: Any) -> Any:
@@ -143,9 +111,7 @@ def test_gradients_match_reference(impl, case, dtype):
 
     got = grads(lambda *a, **kw: call(impl, *a, **kw))
     want = grads(reference.flash_attention)
-    for name, g, w in zip(("dq", "dk", "dv", "dbias"), got, want, strict=False):
-        assert g.dtype == w.dtype, f"{name} dtype {g.dtype} != {w.dtype}"
-        assert_close(g, w, GRAD_RTOL[dtype], f"{case.name} {name}", seed)
+    assert_grads_close(("dq", "dk", "dv", "dbias"), got, want, GRAD_RTOL[dtype], case.name, seed)
 
 
 @pytest.mark.parametrize(
@@ -158,8 +124,7 @@ def test_check_grads_numerically(impl, case):
     key, seed = fresh_key()
     args, kwargs = make_inputs(small, "float32", key)
     skip_if_unsupported(impl, args, kwargs)
-    with jax.enable_x64(False):
-        check_grads(lambda *a: call(impl, *a, **kwargs), args, order=1, modes=("rev",), atol=3e-2, rtol=3e-2, eps=1e-2)
+    check_grads_numerically(lambda *a: call(impl, *a, **kwargs), args)
 
 
 def test_fully_masked_rows_give_zeros_and_zero_gradients(impl):
@@ -169,12 +134,7 @@ def test_fully_masked_rows_give_zeros_and_zero_gradients(impl):
     mask = jnp.ones((1, 1, 9, 11), bool).at[:, :, 2].set(False).at[:, :, 5].set(False)
     skip_if_unsupported(impl, args, {"attention_mask": mask})
     out, vjp = jax.vjp(lambda q, k, v: call(impl, q, k, v, attention_mask=mask), *args)
-    assert np.all(np.isfinite(out)), f"NaN/inf in the output (seed {seed})"
-    assert np.all(np.asarray(out[:, [2, 5]]) == 0), "fully masked rows must be exactly zero"
-    dq, dk, dv = vjp(jnp.ones_like(out))
-    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
-        assert np.all(np.isfinite(g)), f"{name} has NaN/inf (seed {seed})"
-    assert np.all(np.asarray(dq[:, [2, 5]]) == 0)
+    assert_rows_without_keys_are_zero(out, vjp(jnp.ones_like(out)), np.s_[:, [2, 5]], seed, what="fully masked rows")
 
 
 def test_dropout_is_deterministic_per_seed(impl):
@@ -191,39 +151,16 @@ def test_dropout_is_deterministic_per_seed(impl):
 
 def test_jit_and_vmap_agree_with_eager(impl):
     key, seed = fresh_key()
-    args, kwargs = make_inputs(Case("t", b=2, t=19, s=23, h=2, k=1, d=16), "float32", key)
+    args, _ = make_inputs(Case("t", b=2, t=19, s=23, h=2, k=1, d=16), "float32", key)
     skip_if_unsupported(impl, args, {"causal": True})
-    eager = call(impl, *args, causal=True)
-    jitted = jax.jit(lambda *a: call(impl, *a, causal=True))(*args)
-    vmapped = jax.vmap(lambda *a: call(impl, *a, causal=True))(*(x[:, None] for x in args))[:, 0]
-    assert_close(jitted, eager, 1e-6, "jit", seed)
-    assert_close(vmapped, eager, 1e-5, "vmap", seed)
+    assert_jit_and_vmap_agree_with_eager(lambda *a: call(impl, *a, causal=True), args, seed)
 
 
-BAD_INPUTS = [
-    ("query_ndim", lambda q, k, v: ((q[0], k, v), {}), "query must be 4-D"),
-    ("dtype_mismatch", lambda q, k, v: ((q, k.astype(jnp.bfloat16), v), {}), "must share a dtype"),
-    ("int_query", lambda q, k, v: ((q.astype(jnp.int32), k, v), {}), "query must be float32, bfloat16 or float16"),
-    ("heads", lambda q, k, v: ((q[:, :, :3], k, v), {}), "multiple of key/value heads"),
-    ("head_dim", lambda q, k, v: ((q, k[..., :8], v), {}), "key head dim must equal query head dim"),
-    (
-        "bias_shape",
-        lambda q, k, v: ((q, k, v, jnp.zeros((2, 4, 5, 5))), {}),
-        r"bias must have shape \[B\|1, H\|1, T, S\]",
-    ),
-    (
-        "mask_dtype",
-        lambda q, k, v: ((q, k, v), {"attention_mask": jnp.ones((1, 1, 8, 8))}),
-        "attention_mask must be bool",
-    ),
-    ("dropout_seed", lambda q, k, v: ((q, k, v), {"dropout_prob": 0.1}), "needs dropout_seed"),
-    (
-        "dropout_prob",
-        lambda q, k, v: ((q, k, v), {"dropout_prob": 1.0, "dropout_seed": 0}),
-        r"dropout_prob must be a float in \[0, 1\)",
-    ),
-    ("window", lambda q, k, v: ((q, k, v), {"sliding_window": (-1, 2)}), "sliding_window must be"),
-    ("soft_cap", lambda q, k, v: ((q, k, v), {"logits_soft_cap": 0.0}), "logits_soft_cap must be a positive"),
+# (id, make(q, k, v) -> (args, kwargs), what the message says): the checks of q/k/v every attention op makes,
+# those of the options flash_attention shares with attention, and its own.
+BAD_INPUTS: list[BadInput] = [
+    *QKV_BAD_INPUTS,
+    *FLASH_OPTION_BAD_INPUTS,
     (
         "segments_half",
         lambda q, k, v: ((q, k, v), {"q_segment_ids": jnp.zeros((2, 8), jnp.int32)}),
@@ -240,8 +177,5 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("name", "make", "message"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_inputs_are_refused_with_a_clear_error(impl, name, make, message):
-    q = jnp.ones((2, 8, 4, 16))
-    k = v = jnp.ones((2, 8, 2, 16))
-    args, kwargs = make(q, k, v)
-    with pytest.raises((ValueError, TypeError), match=message):
-        call(impl, *args, **kwargs)
+    args, kwargs = make(*bad_input_qkv())
+    assert_refused(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, message, OP)

@@ -14,22 +14,33 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
 
 from ejkernel.modules import native_sparse_attention
 from ejkernel.modules.operations.configs import NativeSparseAttentionConfig
 from ejkernel.modules.operations.native_sparse_attention import _kernel
 from ejkernel.ops import Invocation
 from ejkernel.testing import reference
+from ejkernel.testing.conformance._attention import (
+    QKV_BAD_INPUTS,
+    BadInput,
+    assert_rows_without_keys_are_zero,
+    bad_input_qkv,
+    qkv,
+)
 from ejkernel.testing.conformance._harness import (
     DTYPES,
     FWD_RTOL,
     GRAD_RTOL,
     assert_close,
+    assert_grads_close,
+    assert_refused,
     call_forced,
+    candidate_cfg_pairs,
+    check_grads_numerically,
+    dtype_cases,
+    forward_and_vjp,
     fresh_key,
-    implementations_under_test,
-    jitted,
+    parametrize_implementations,
 )
 from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
 
@@ -37,9 +48,7 @@ OP = "native_sparse_attention"
 GATES = ("g_slc", "g_cmp", "g_swa")
 
 
-def pytest_generate_tests(metafunc: Any) -> None:
-    if "impl" in metafunc.fixturenames:
-        metafunc.parametrize("impl", implementations_under_test(metafunc.config, OP))
+pytest_generate_tests = parametrize_implementations(OP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,20 +92,14 @@ CASES = [
     ),
 ]
 # Each case runs in float32; these also run in a lower precision (compiling is what costs time on CI).
-LOW_PRECISION_CASES = {"all_branches": "bfloat16", "compressed_mqa": "float16"}
-DTYPE_CASES = [(c, "float32") for c in CASES] + [
-    (c, LOW_PRECISION_CASES[c.name]) for c in CASES if c.name in LOW_PRECISION_CASES
-]
-assert {dt for _, dt in DTYPE_CASES} == set(DTYPES)
+DTYPE_CASES = dtype_cases(CASES, {"all_branches": ("bfloat16",), "compressed_mqa": ("float16",)})
+assert {p.values[1] for p in DTYPE_CASES} == set(DTYPES)
 
 
 def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """``(q, k, v, *gates)`` (the differentiable inputs, in that order) and the rest as keywords."""
     kq, kk, kv, ki, kc, kg = jax.random.split(key, 6)
-    dv = case.dv or case.d
-    q = jax.random.normal(kq, (case.b, case.t, case.h, case.d), jnp.float32).astype(dtype)
-    k = jax.random.normal(kk, (case.b, case.s, case.k, case.d), jnp.float32).astype(dtype)
-    v = jax.random.normal(kv, (case.b, case.s, case.k, dv), jnp.float32).astype(dtype)
+    q, k, v = qkv(case, dtype, (kq, kk, kv))
     n_blocks = -(-case.s // case.block_size)
     idx = jax.random.randint(ki, (case.b, case.t, case.k, case.n), -1, n_blocks + 1, jnp.int32)
     kwargs: dict[str, Any] = {"block_indices": idx, "block_size": case.block_size, **dict(case.options)}
@@ -136,34 +139,22 @@ def skip_if_unsupported(impl: Any, case_gates: tuple[str, ...], args: tuple[Any,
     )
 
 
-def _forward_and_grads(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cot: jax.Array) -> Any:
-    """``(out, grads of every positional input)`` of ``fn`` for the cotangent ``cot``, compiled as one program."""
-
-    def both(*a: Any, **kw: Any) -> Any:
-        out, vjp = jax.vjp(lambda *x: fn(*x, **kw), *a)
-        return out, vjp(cot.astype(out.dtype))
-
-    return jitted(both, **kwargs)(*args)
-
-
 def _cot(case: Case, key: jax.Array, dtype: str) -> jax.Array:
     return jax.random.normal(jax.random.fold_in(key, 1), (case.b, case.t, case.h, case.dv or case.d)).astype(dtype)
 
 
-@pytest.mark.parametrize(("case", "dtype"), DTYPE_CASES, ids=[f"{c.name}-{dt}" for c, dt in DTYPE_CASES])
+@pytest.mark.parametrize(("case", "dtype"), DTYPE_CASES)
 def test_forward_and_gradients_match_reference(impl, case, dtype):
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, dtype, key)
     skip_if_unsupported(impl, case.gates, args, kwargs)
     cot = _cot(case, key, dtype)
-    got, grads = _forward_and_grads(_fn(lambda *a, **kw: call(impl, *a, **kw), case.gates), args, kwargs, cot)
-    want, want_grads = _forward_and_grads(_fn(reference.native_sparse_attention, case.gates), args, kwargs, cot)
+    got, grads = forward_and_vjp(_fn(lambda *a, **kw: call(impl, *a, **kw), case.gates), args, kwargs, cot)
+    want, want_grads = forward_and_vjp(_fn(reference.native_sparse_attention, case.gates), args, kwargs, cot)
     assert got.dtype == jnp.dtype(dtype), f"output dtype {got.dtype} != input dtype {dtype}"
     assert_close(got, want, FWD_RTOL[dtype], f"{case.name} forward", seed)
     names = ("dq", "dk", "dv", *(f"d{g}" for g in case.gates))
-    for name, g, w in zip(names, grads, want_grads, strict=True):
-        assert g.dtype == w.dtype, f"{name} dtype {g.dtype} != {w.dtype}"
-        assert_close(g, w, GRAD_RTOL[dtype], f"{case.name} {name}", seed)
+    assert_grads_close(names, grads, want_grads, GRAD_RTOL[dtype], case.name, seed)
 
 
 def test_every_candidate_config_matches_reference(impl):
@@ -177,17 +168,14 @@ def test_every_candidate_config_matches_reference(impl):
     arguments = {**kwargs, **dict(zip(GATES, gates, strict=True))}
     inv = Invocation.create(OP, _kernel.normalize(_kernel.bind((q, k, v), arguments)), impl.backend)
     cot = _cot(case, key, "float32")
-    want, want_grads = _forward_and_grads(_fn(reference.native_sparse_attention, case.gates), args, kwargs, cot)
-    pairs = list(zip(impl.candidate_cfgs(inv, "fwd"), impl.candidate_cfgs(inv, "bwd"), strict=False))[1:]
-    if not pairs:
-        pytest.skip(f"{impl.name} offers no launch configuration besides its heuristic one")
-    for fp, bp in pairs:
+    want, want_grads = forward_and_vjp(_fn(reference.native_sparse_attention, case.gates), args, kwargs, cot)
+    for fp, bp in candidate_cfg_pairs(impl, inv):
         cfg = NativeSparseAttentionConfig(platform=impl.platform, backend=impl.backend, fwd_params=fp, bwd_params=bp)
         fn = _fn(lambda *a, cfg=cfg, **kw: call(impl, *a, cfg=cfg, **kw), case.gates)
-        got, grads = _forward_and_grads(fn, args, kwargs, cot)
+        got, grads = forward_and_vjp(fn, args, kwargs, cot)
         assert_close(got, want, FWD_RTOL["float32"], f"forward with {fp}", seed)
-        for name, g, w in zip(("dq", "dk", "dv", "dg_slc", "dg_cmp", "dg_swa"), grads, want_grads, strict=True):
-            assert_close(g, w, GRAD_RTOL["float32"], f"{name} with {bp}", seed)
+        names = ("dq", "dk", "dv", "dg_slc", "dg_cmp", "dg_swa")
+        assert_grads_close(names, grads, want_grads, GRAD_RTOL["float32"], f"with {bp}", seed)
 
 
 def test_check_grads_numerically(impl):
@@ -197,8 +185,7 @@ def test_check_grads_numerically(impl):
     args, kwargs = make_inputs(case, "float32", key)
     skip_if_unsupported(impl, case.gates, args, kwargs)
     fn = jax.jit(lambda *a: _fn(lambda *x, **kw: call(impl, *x, **kw), case.gates)(*a, **kwargs))
-    with jax.enable_x64(False):
-        check_grads(fn, args, order=1, modes=("rev",), atol=3e-2, rtol=3e-2, eps=1e-2)
+    check_grads_numerically(fn, args)
 
 
 def test_rows_without_keys_give_zeros_and_zero_gradients(impl):
@@ -210,16 +197,10 @@ def test_rows_without_keys_give_zeros_and_zero_gradients(impl):
     idx = idx.at[0, 1].set(2)  # row 1: only block 2 (keys 8..11), all in its future
     kwargs["block_indices"] = idx
     skip_if_unsupported(impl, (), args, kwargs)
-    out, (dq, dk, dv) = _forward_and_grads(
-        _fn(lambda *a, **kw: call(impl, *a, **kw), ()), args, kwargs, jnp.ones((1, 12, 2, 8))
-    )
-    assert np.all(np.isfinite(out)), f"NaN/inf in the output (seed {seed})"
-    rows = [1, 5, 6]
-    assert np.all(np.asarray(out[:, rows]) == 0), "rows without an admitted key must be exactly zero"
+    fn = _fn(lambda *a, **kw: call(impl, *a, **kw), ())
+    out, grads = forward_and_vjp(fn, args, kwargs, jnp.ones((1, 12, 2, 8)))
+    assert_rows_without_keys_are_zero(out, grads, np.s_[:, [1, 5, 6]], seed, what="rows without an admitted key")
     assert np.all(np.asarray(out[:, 4]) != 0), "row 4 sees block 0"
-    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
-        assert np.all(np.isfinite(g)), f"{name} has NaN/inf (seed {seed})"
-    assert np.all(np.asarray(dq[:, rows]) == 0)
 
 
 def test_selection_is_a_set_and_counts_cut_slots(impl):
@@ -262,11 +243,19 @@ def _gate(shape: tuple[int, ...] = (2, 8, 4), dtype: Any = jnp.float32) -> jax.A
     return jnp.ones(shape, dtype)
 
 
-BAD_INPUTS = [
-    ("query_ndim", lambda q, k, v, i: ((q[0], k, v, i), {}), "query must be 4-D"),
-    ("dtype_mismatch", lambda q, k, v, i: ((q, k.astype(jnp.bfloat16), v, i), {}), "must share a dtype"),
-    ("heads", lambda q, k, v, i: ((q[:, :, :3], k, v, i), {}), "multiple of key/value heads"),
-    ("head_dim", lambda q, k, v, i: ((q, k[..., :8], v, i), {}), "key head dim must equal query head dim"),
+def _indices_after(make: Any) -> Any:
+    """A ``QKV_BAD_INPUTS`` maker for this op, whose ``block_indices`` come after q, k, v."""
+
+    def make_with_indices(q: Any, k: Any, v: Any, i: Any) -> Any:
+        args, kwargs = make(q, k, v)
+        return (*args, i), kwargs
+
+    return make_with_indices
+
+
+# (id, make(q, k, v, block_indices) -> (args, kwargs), what the message says): the checks of q/k/v every
+# attention op makes, then this op's own.
+BAD_INPUTS: list[BadInput] = [(name, _indices_after(make), message) for name, make, message in QKV_BAD_INPUTS] + [
     (
         "indices_shape",
         lambda q, k, v, i: ((q, k, v, i[:, :, :1]), {}),
@@ -300,9 +289,5 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("name", "make", "message"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_inputs_are_refused_with_a_clear_error(impl, name, make, message):
-    q = jnp.ones((2, 8, 4, 16))
-    k = v = jnp.ones((2, 8, 2, 16))
-    i = jnp.zeros((2, 8, 2, 2), jnp.int32)
-    args, kwargs = make(q, k, v, i)
-    with pytest.raises((ValueError, TypeError), match=message):
-        call(impl, *args, **kwargs)
+    args, kwargs = make(*bad_input_qkv(), jnp.zeros((2, 8, 2, 2), jnp.int32))
+    assert_refused(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, message, OP)

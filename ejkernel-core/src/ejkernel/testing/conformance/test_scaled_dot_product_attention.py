@@ -13,30 +13,38 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.test_util import check_grads
 
 from ejkernel.kernels.params import BwdParams, FwdParams
 from ejkernel.modules import scaled_dot_product_attention
 from ejkernel.modules.operations.configs import ScaledDotProductAttentionConfig
 from ejkernel.modules.operations.scaled_dot_product_attention import _kernel
 from ejkernel.testing import reference
+from ejkernel.testing.conformance._attention import (
+    QKV_BAD_INPUTS,
+    BadInput,
+    assert_rows_without_keys_are_zero,
+    bad_input_qkv,
+)
 from ejkernel.testing.conformance._harness import (
     FWD_RTOL,
     GRAD_RTOL,
     assert_close,
+    assert_grads_close,
+    assert_jit_and_vmap_agree_with_eager,
+    assert_refused,
     call_forced,
+    check_grads_numerically,
+    dtype_cases,
     fresh_key,
-    implementations_under_test,
     jitted,
+    parametrize_implementations,
 )
 from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
 
 OP = "scaled_dot_product_attention"
 
 
-def pytest_generate_tests(metafunc: Any) -> None:
-    if "impl" in metafunc.fixturenames:
-        metafunc.parametrize("impl", implementations_under_test(metafunc.config, OP))
+pytest_generate_tests = parametrize_implementations(OP)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,13 +83,8 @@ CASES = [
     Case("seq_lengths", arrays=("seq_lengths",), options=(("local_window_size", (4, 2)),)),
     Case("length_one_query", t=1, s=29),  # decoding (top-left causal would leave it key 0 alone)
 ]
-_BY_NAME = {c.name: c for c in CASES}
 # Every case in float32; the half-precision dtypes on the cases that exercise a different path each.
-DTYPE_CASES = [pytest.param(c, "float32", id=f"{c.name}-float32") for c in CASES] + [
-    pytest.param(_BY_NAME[name], dtype, id=f"{name}-{dtype}")
-    for dtype in ("bfloat16", "float16")
-    for name in ("causal_t_gt_s", "seq_lengths")
-]
+DTYPE_CASES = dtype_cases(CASES, {"causal_t_gt_s": ("bfloat16", "float16"), "seq_lengths": ("bfloat16", "float16")})
 
 
 def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -156,9 +159,7 @@ def test_forward_and_gradients_match_reference(impl, case, dtype):
     want, want_grads = _out_and_grads(reference.scaled_dot_product_attention, args, kwargs, cot)
     assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != input dtype {dtype}"
     assert_close(out, want, FWD_RTOL[dtype], f"{case.name} forward", seed)
-    for name, g, w in zip(("dq", "dk", "dv", "dbias"), grads, want_grads):
-        assert g.dtype == w.dtype, f"{name} dtype {g.dtype} != {w.dtype}"
-        assert_close(g, w, GRAD_RTOL[dtype], f"{case.name} {name}", seed)
+    assert_grads_close(("dq", "dk", "dv", "dbias"), grads, want_grads, GRAD_RTOL[dtype], case.name, seed)
 
 
 # Calls where every query row has a key: there jax.nn.dot_product_attention and the contract agree.
@@ -194,8 +195,7 @@ def test_many_blocks_match_reference(impl):
     out, grads = _out_and_grads(lambda *a, **kw: call(impl, *a, **kw, cfg=cfg), args, kwargs, cot)
     want, want_grads = _out_and_grads(reference.scaled_dot_product_attention, args, kwargs, cot)
     assert_close(out, want, FWD_RTOL["float32"], "small blocks forward", seed)
-    for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
-        assert_close(g, w, GRAD_RTOL["float32"], f"small blocks {name}", seed)
+    assert_grads_close(("dq", "dk", "dv"), grads, want_grads, GRAD_RTOL["float32"], "small blocks", seed)
 
 
 def test_check_grads_numerically(impl):
@@ -214,9 +214,7 @@ def test_check_grads_numerically(impl):
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, "float32", key)
     skip_if_unsupported(impl, args, kwargs)
-    with jax.enable_x64(False):
-        fn = jax.jit(lambda *a: call(impl, *a, **kwargs))
-        check_grads(fn, args, order=1, modes=("rev",), atol=3e-2, rtol=3e-2, eps=1e-2)
+    check_grads_numerically(jax.jit(lambda *a: call(impl, *a, **kwargs)), args)
 
 
 def test_rows_without_keys_give_zeros_where_jax_gives_the_mean(impl):
@@ -237,16 +235,12 @@ def test_rows_without_keys_give_zeros_where_jax_gives_the_mean(impl):
         out, vjp = jax.vjp(lambda q, k, v: call(impl, q, k, v, None, mask, **kwargs), *a)
         return out, vjp(jnp.ones_like(out))
 
-    out, (dq, dk, dv) = jax.jit(out_and_grads)(*args)
+    out, grads = jax.jit(out_and_grads)(*args)
     empty = np.zeros((2, 9), bool)
     empty[0, [2, 5, 7, 8]] = True
     empty[1] = True
-    assert np.all(np.isfinite(out)), f"NaN/inf in the output (seed {seed})"
-    assert np.all(np.asarray(out)[empty] == 0), f"rows without keys must be exactly zero (seed {seed})"
+    assert_rows_without_keys_are_zero(out, grads, empty, seed)
     assert np.all(np.abs(np.asarray(out)[~empty]).max(axis=-1) > 0), f"rows with keys must not be zero (seed {seed})"
-    for name, g in (("dq", dq), ("dk", dk), ("dv", dv)):
-        assert np.all(np.isfinite(g)), f"{name} has NaN/inf (seed {seed})"
-    assert np.all(np.asarray(dq)[empty] == 0)
     # The documented difference: jax averages all values on such rows (jax changing this would make
     # the contract's note stale).
     q, k, v = args
@@ -259,19 +253,13 @@ def test_jit_and_vmap_agree_with_eager(impl):
     key, seed = fresh_key()
     args, _ = make_inputs(Case("t", b=2, t=7, s=9, n=2, k=1, h=8), "float32", key)
     skip_if_unsupported(impl, args, {"is_causal": True})
-    eager = call(impl, *args, is_causal=True)
-    jit_out = jax.jit(lambda *a: call(impl, *a, is_causal=True))(*args)
-    vmapped = jax.vmap(lambda *a: call(impl, *a, is_causal=True))(*(x[:, None] for x in args))[:, 0]
-    assert_close(jit_out, eager, 1e-6, "jit", seed)
-    assert_close(vmapped, eager, 1e-5, "vmap", seed)
+    assert_jit_and_vmap_agree_with_eager(lambda *a: call(impl, *a, is_causal=True), args, seed)
 
 
-BAD_INPUTS = [
-    ("query_ndim", lambda q, k, v: ((q[0], k, v), {}), "query must be 4-D"),
-    ("dtype_mismatch", lambda q, k, v: ((q, k.astype(jnp.bfloat16), v), {}), "must share a dtype"),
-    ("int_query", lambda q, k, v: ((q.astype(jnp.int32), k, v), {}), "query must be float32, bfloat16 or float16"),
-    ("heads", lambda q, k, v: ((q[:, :, :3], k, v), {}), "multiple of key/value heads"),
-    ("head_dim", lambda q, k, v: ((q, k[..., :8], v), {}), "key head dim must equal query head dim"),
+# (id, make(q, k, v) -> (args, kwargs), what the message says): the checks of q/k/v every attention op makes,
+# then this op's own.
+BAD_INPUTS: list[BadInput] = [
+    *QKV_BAD_INPUTS,
     ("value_length", lambda q, k, v: ((q, k, v[:, :5]), {}), r"value must be \[B, S, K, Hv\]"),
     ("bias_ndim", lambda q, k, v: ((q, k, v, jnp.zeros((8, 8))), {}), "bias must be 4-D, broadcastable"),
     ("bias_shape", lambda q, k, v: ((q, k, v, jnp.zeros((2, 3, 8, 8))), {}), "bias must be 4-D, broadcastable"),
@@ -296,8 +284,5 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("name", "make", "message"), BAD_INPUTS, ids=[b[0] for b in BAD_INPUTS])
 def test_bad_inputs_are_refused_with_a_clear_error(impl, name, make, message):
-    q = jnp.ones((2, 8, 4, 16))
-    k = v = jnp.ones((2, 8, 2, 16))
-    args, kwargs = make(q, k, v)
-    with pytest.raises((ValueError, TypeError), match=rf"^{OP}\b.*{message}"):
-        call(impl, *args, **kwargs)
+    args, kwargs = make(*bad_input_qkv())
+    assert_refused(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, message, OP)
