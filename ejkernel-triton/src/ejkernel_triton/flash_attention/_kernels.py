@@ -75,9 +75,20 @@ def _mix32(x):
 
 
 @triton.jit
-def _row_hash(seed, bh, rows):
-    """``mix32(mix32(seed ^ (b*H + h)) ^ i)``: the per-row half of ``dropout_keep`` (once per row)."""
-    return _mix32(_mix32(seed ^ bh.to(tl.uint32)) ^ rows.to(tl.uint32))
+def _head_hash(Seed, i_b, i_h, H: tl.constexpr):
+    """``mix32(seed ^ (b*H + h))``: the (batch, head) half of ``dropout_keep`` (once per head)."""
+    return _mix32(tl.load(Seed) ^ (i_b * H + i_h).to(tl.uint32))
+
+
+@triton.jit
+def _row_hash(Seed, i_b, i_h, rows, H: tl.constexpr, DROP_THRESH: tl.constexpr):
+    """``mix32(mix32(seed ^ (b*H + h)) ^ i)``: the per-row half of ``dropout_keep`` (once per row);
+    ``rows`` itself, unused, without dropout."""
+    if DROP_THRESH > 0:
+        row_hash = _mix32(_head_hash(Seed, i_b, i_h, H) ^ rows.to(tl.uint32))  # uint32
+    else:
+        row_hash = rows
+    return row_hash
 
 
 @triton.jit
@@ -90,6 +101,24 @@ def _dropout_keep(row_hash, jj, DROP_THRESH: tl.constexpr):
 def _tanh(x):
     """tanh from exp (no libdevice, so the interpreter runs it too); saturates cleanly at +-1."""
     return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _head_base(X, i_b64, i_h, L, NH: tl.constexpr, DH: tl.constexpr):
+    """Start of head ``i_h`` of batch ``i_b64`` in a ``[B, L, NH, DH]`` array (rows ``NH * DH`` apart)."""
+    return X + i_b64 * L * (NH * DH) + i_h * DH
+
+
+@triton.jit
+def _stats_base(X, i_b64, i_h, T, H: tl.constexpr):
+    """Start of row ``(b, h)`` of a ``[B, H, T]`` per-row statistic (``lse``, ``delta``)."""
+    return X + (i_b64 * H + i_h) * T
+
+
+@triton.jit
+def _bcast_base(X, i_b64, i_h, stride_b, stride_h):
+    """Start of the ``[T, S]`` matrix of (batch, head) in a bias or mask (broadcast dims: stride 0)."""
+    return X + i_b64 * stride_b + i_h.to(tl.int64) * stride_h
 
 
 @triton.jit
@@ -215,13 +244,31 @@ def _span(PART: tl.constexpr, start, full_lo, full_hi, end):
 
 
 @triton.jit
+def _bounds(Lo, Hi, idx, n, empty_lo):
+    """Intervals ``[lo, hi)`` at ``idx`` (query rows or keys); past ``n`` the empty interval
+    ``(empty_lo, 0)``, so that padding never widens a block's range and never attends."""
+    ok = idx < n
+    lo = tl.load(Lo + idx, mask=ok, other=empty_lo)
+    hi = tl.load(Hi + idx, mask=ok, other=0)
+    return lo, hi
+
+
+@triton.jit
 def _row_bounds(RowLo, RowHi, QSeg, rows, T, S, HAS_SEG: tl.constexpr):
-    """Key interval and segment id of each query row; rows past T get an empty interval
-    (``lo = S, hi = 0``) so that they never widen a block's range and never attend."""
-    row_ok = rows < T
-    lo = tl.load(RowLo + rows, mask=row_ok, other=S)
-    hi = tl.load(RowHi + rows, mask=row_ok, other=0)
+    """Key interval and segment id of each query row (rows past T: ``lo = S, hi = 0``)."""
+    lo, hi = _bounds(RowLo, RowHi, rows, T, S)
     return lo, hi, _seg_ids(QSeg, rows, T, -1, HAS_SEG)
+
+
+@triton.jit
+def _query_program(H: tl.constexpr, KH: tl.constexpr):
+    """Who a program of the query-block kernels (forward, dQ; grid ``(cdiv(T, BM), H, B)``) is:
+    its query block, head, kv head (GQA/MQA: query head h reads kv head h // (H // KH)), batch."""
+    pid_m = tl.program_id(0)
+    i_h = tl.program_id(1)
+    i_b = tl.program_id(2)
+    i_kh = i_h // (H // KH)
+    return pid_m, i_h, i_b, i_kh, i_b.to(tl.int64)
 
 
 @triton.jit
@@ -294,16 +341,19 @@ def _dscores(b_p, b_dp, b_delta, b_t, keep, drop_scale, HAS_SOFTCAP: tl.constexp
 
 
 # ------------------------------------------------------------------------------------------------
-# Forward.
+# Forward. Its loop over key blocks (_query_block_inner) also serves the dQ kernel.
 # ------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _fwd_inner(
+def _query_block_inner(
     acc,
     l_i,
     m_i,
     b_q,
+    b_do,
+    lse2,
+    b_delta,
     offs_m,
     lo,
     hi,
@@ -316,6 +366,7 @@ def _fwd_inner(
     kseg_base,
     sm_scale,
     softcap,
+    drop_scale,
     S,
     n_start,
     n_stop,
@@ -326,6 +377,7 @@ def _fwd_inner(
     BLOCK_DV: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DQ: tl.constexpr,
     MASKED: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_MASK: tl.constexpr,
@@ -333,16 +385,24 @@ def _fwd_inner(
     HAS_SOFTCAP: tl.constexpr,
     DROP_THRESH: tl.constexpr,
 ):
-    """Online softmax over the key blocks ``[n_start, n_stop)`` for one block of query rows."""
+    """One block of query rows against the key blocks ``[n_start, n_stop)``: the loop of the
+    forward (``DQ`` False) and of the dQ kernel (``DQ`` True), which see the same tiles and scores.
+
+    Forward: online softmax; ``acc``/``l_i``/``m_i`` are the running output, row sum and row max,
+    and ``b_do``/``lse2``/``b_delta`` go unused. dQ: P is recomputed from the saved ``lse2`` and
+    ``acc`` accumulates dS K ``[BM, BD]``; ``l_i``/``m_i`` come back as they went in."""
     ii = offs_m[:, None]  # [BM, 1]
     for start_n in range(n_start, n_stop, BLOCK_N):
         offs_n = start_n + tl.arange(0, BLOCK_N)
         jj = offs_n[None, :]  # [1, BN]
-        # S_ij = q_i . k_j on the tensor cores.
+        # S_ij = q_i . k_j on the tensor cores. dQ loads V (for dP) together with K, the forward
+        # only after the softmax: the load order is part of each kernel's measured schedule.
         b_k = _load_tile(k_base, offs_n, KH * D, S, D, BLOCK_D, MASKED)  # [BN, BD]
+        if DQ:
+            b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, MASKED)  # [BN, BDV]
         b_qk = _mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
         b_kseg = _seg_ids(kseg_base, offs_n, S, -2, MASKED and HAS_SEG)
-        b_s, _t = _tile_scores(
+        b_s, b_t = _tile_scores(
             b_qk,
             ii,
             jj,
@@ -361,21 +421,29 @@ def _fwd_inner(
             HAS_SEG,
             HAS_SOFTCAP,
         )  # [BM, BN]
-        # Online softmax: new running max; a row that has seen only -inf keeps a finite reference
-        # point (0) so that exp2(-inf - m) is 0, never NaN (-inf can also come from the bias).
-        m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-        b_p = tl.exp2(b_s - m_ref[:, None])  # [BM, BN]
-        alpha = tl.exp2(m_i - m_ref)  # rescales the old sums
-        l_i = l_i * alpha + tl.sum(b_p, 1)
-        acc = acc * alpha[:, None]
-        # Dropout acts on the normalized probabilities, so l_i (the softmax denominator) is summed
-        # before it; the 1/(1-p) survivor scale is applied once at the end.
-        if DROP_THRESH > 0:
-            b_p = tl.where(_dropout_keep(row_hash[:, None], jj, DROP_THRESH), b_p, 0.0)
-        b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, MASKED)  # [BN, BDV]
-        acc = _mma(b_p.to(b_v.dtype), b_v, acc)  # [BM, BDV]
-        m_i = m_new
+        if DQ:
+            b_p = tl.exp2(b_s - lse2[:, None])  # [BM, BN]
+            b_dp = _mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
+            keep = _keep_mask(row_hash[:, None], jj, DROP_THRESH)
+            b_ds = _dscores(b_p, b_dp, b_delta[:, None], b_t, keep, drop_scale, HAS_SOFTCAP, DROP_THRESH)
+            acc = _mma(b_ds.to(b_k.dtype), b_k, acc)  # [BM, BD]
+        else:
+            # Online softmax: new running max; a row that has seen only -inf keeps a finite
+            # reference point (0) so that exp2(-inf - m) is 0, never NaN (-inf can also come from
+            # the bias).
+            m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
+            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+            b_p = tl.exp2(b_s - m_ref[:, None])  # [BM, BN]
+            alpha = tl.exp2(m_i - m_ref)  # rescales the old sums
+            l_i = l_i * alpha + tl.sum(b_p, 1)
+            acc = acc * alpha[:, None]
+            # Dropout acts on the normalized probabilities, so l_i (the softmax denominator) is
+            # summed before it; the 1/(1-p) survivor scale is applied once at the end.
+            if DROP_THRESH > 0:
+                b_p = tl.where(_dropout_keep(row_hash[:, None], jj, DROP_THRESH), b_p, 0.0)
+            b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, MASKED)  # [BN, BDV]
+            acc = _mma(b_p.to(b_v.dtype), b_v, acc)  # [BM, BDV]
+            m_i = m_new
     return acc, l_i, m_i
 
 
@@ -417,25 +485,17 @@ def _attn_fwd(
     DROP_THRESH: tl.constexpr,
 ):
     """One program: BLOCK_M query rows of one (batch, head). Grid ``(cdiv(T, BM), H, B)``."""
-    pid_m = tl.program_id(0)
-    i_h = tl.program_id(1)
-    i_b = tl.program_id(2)
-    i_kh = i_h // (H // KH)  # GQA/MQA: query head h reads kv head h // (H // KH)
-    i_b64 = i_b.to(tl.int64)
-
+    pid_m, i_h, i_b, i_kh, i_b64 = _query_program(H, KH)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
     lo, hi, qseg = _row_bounds(RowLo, RowHi, QSeg + i_b64 * T, offs_m, T, S, HAS_SEG)  # [BM]
     n_start, n_full_lo, n_full_hi, n_end = _block_range(lo, hi, BLOCK_N, HAS_MASK or HAS_SEG)
 
-    q_base = Q + i_b64 * T * (H * D) + i_h * D
-    k_base = K + i_b64 * S * (KH * D) + i_kh * D
-    v_base = V + i_b64 * S * (KH * DV) + i_kh * DV
-    bias_base = Bias + i_b64 * bias_sb + i_h.to(tl.int64) * bias_sh
-    mask_base = Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh
-    if DROP_THRESH > 0:
-        row_hash = _row_hash(tl.load(Seed), i_b * H + i_h, offs_m)  # [BM] uint32
-    else:
-        row_hash = offs_m
+    q_base = _head_base(Q, i_b64, i_h, T, H, D)
+    k_base = _head_base(K, i_b64, i_kh, S, KH, D)
+    v_base = _head_base(V, i_b64, i_kh, S, KH, DV)
+    bias_base = _bcast_base(Bias, i_b64, i_h, bias_sb, bias_sh)
+    mask_base = _bcast_base(Mask, i_b64, i_h, mask_sb, mask_sh)
+    row_hash = _row_hash(Seed, i_b, i_h, offs_m, H, DROP_THRESH)  # [BM]
 
     b_q = _load_tile(q_base, offs_m, H * D, T, D, BLOCK_D, True)  # [BM, BD]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
@@ -444,11 +504,14 @@ def _attn_fwd(
     # Key blocks partly admitted (band edges, ragged ends), then the interior, then the far edge.
     for PART in tl.static_range(3):
         n_lo, n_hi = _span(PART, n_start, n_full_lo, n_full_hi, n_end)
-        acc, l_i, m_i = _fwd_inner(
+        acc, l_i, m_i = _query_block_inner(
             acc,
             l_i,
             m_i,
             b_q,
+            b_q,  # unused: b_do, lse2, b_delta
+            l_i,
+            l_i,
             offs_m,
             lo,
             hi,
@@ -461,6 +524,7 @@ def _attn_fwd(
             KSeg + i_b64 * S,
             sm_scale,
             softcap,
+            drop_scale,
             S,
             n_lo,
             n_hi,
@@ -471,6 +535,7 @@ def _attn_fwd(
             BLOCK_DV,
             BLOCK_M,
             BLOCK_N,
+            False,
             PART != 1,
             HAS_BIAS,
             HAS_MASK,
@@ -484,9 +549,8 @@ def _attn_fwd(
     l_safe = tl.where(empty, 1.0, l_i)
     acc = acc * (drop_scale / l_safe)[:, None]
     lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * _LN2)  # natural log
-    o_base = O + i_b64 * T * (H * DV) + i_h * DV
-    _store_tile(o_base, acc, offs_m, H * DV, T, DV, BLOCK_DV)
-    tl.store(LSE + (i_b64 * H + i_h) * T + offs_m, lse, mask=offs_m < T)
+    _store_tile(_head_base(O, i_b64, i_h, T, H, DV), acc, offs_m, H * DV, T, DV, BLOCK_DV)
+    tl.store(_stats_base(LSE, i_b64, i_h, T, H) + offs_m, lse, mask=offs_m < T)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -511,10 +575,10 @@ def _attn_bwd_delta(O, DO, T, Delta, H: tl.constexpr, DV: tl.constexpr, BLOCK_DV
     i_h = tl.program_id(1)
     i_b64 = tl.program_id(2).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    base = i_b64 * T * (H * DV) + i_h * DV
+    base = i_b64 * T * (H * DV) + i_h * DV  # O and dO share their layout
     b_o = _load_tile(O + base, offs_m, H * DV, T, DV, BLOCK_DV, True).to(tl.float32)  # [BM, BDV]
     b_do = _load_tile(DO + base, offs_m, H * DV, T, DV, BLOCK_DV, True).to(tl.float32)
-    tl.store(Delta + (i_b64 * H + i_h) * T + offs_m, tl.sum(b_o * b_do, 1), mask=offs_m < T)
+    tl.store(_stats_base(Delta, i_b64, i_h, T, H) + offs_m, tl.sum(b_o * b_do, 1), mask=offs_m < T)
 
 
 @triton.jit
@@ -666,14 +730,12 @@ def _attn_bwd_dkdv(
     i_b64 = i_b.to(tl.int64)
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
-    col_ok = offs_n < S
     # Query interval of every key: which query blocks to visit, and which need no mask.
-    qlo = tl.load(ColLo + offs_n, mask=col_ok, other=T)
-    qhi = tl.load(ColHi + offs_n, mask=col_ok, other=0)
+    qlo, qhi = _bounds(ColLo, ColHi, offs_n, S, T)
     m_start, m_full_lo, m_full_hi, m_end = _block_range(qlo, qhi, BLOCK_M, HAS_MASK or HAS_SEG)
 
-    k_base = K + i_b64 * S * (KH * D) + i_kh * D
-    v_base = V + i_b64 * S * (KH * DV) + i_kh * DV
+    k_base = _head_base(K, i_b64, i_kh, S, KH, D)
+    v_base = _head_base(V, i_b64, i_kh, S, KH, DV)
     b_k = _load_tile(k_base, offs_n, KH * D, S, D, BLOCK_D, True)  # [BN, BD]
     b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, True)  # [BN, BDV]
     kseg = _seg_ids(KSeg + i_b64 * S, offs_n, S, -2, HAS_SEG)
@@ -683,8 +745,7 @@ def _attn_bwd_dkdv(
     for g in range(GROUP):
         i_h = i_kh * GROUP + g
         if DROP_THRESH > 0:
-            # _row_hash(seed, bh, i) = mix32(mix32(seed ^ bh) ^ i): hoist the (b, h) half.
-            row_hash_seed = _mix32(tl.load(Seed) ^ (i_b * H + i_h).to(tl.uint32))
+            row_hash_seed = _head_hash(Seed, i_b, i_h, H)  # the (b, h) half of _row_hash, hoisted
         else:
             row_hash_seed = 0
         for PART in tl.static_range(3):
@@ -696,14 +757,14 @@ def _attn_bwd_dkdv(
                 b_v,
                 offs_n,
                 kseg,
-                Q + i_b64 * T * (H * D) + i_h * D,
-                DO + i_b64 * T * (H * DV) + i_h * DV,
-                LSE + (i_b64 * H + i_h) * T,
-                Delta + (i_b64 * H + i_h) * T,
+                _head_base(Q, i_b64, i_h, T, H, D),
+                _head_base(DO, i_b64, i_h, T, H, DV),
+                _stats_base(LSE, i_b64, i_h, T, H),
+                _stats_base(Delta, i_b64, i_h, T, H),
                 RowLo,
                 RowHi,
-                Bias + i_b64 * bias_sb + i_h.to(tl.int64) * bias_sh,
-                Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh,
+                _bcast_base(Bias, i_b64, i_h, bias_sb, bias_sh),
+                _bcast_base(Mask, i_b64, i_h, mask_sb, mask_sh),
                 QSeg + i_b64 * T,
                 row_hash_seed,
                 sm_scale,
@@ -728,81 +789,8 @@ def _attn_bwd_dkdv(
                 DROP_THRESH,
             )
 
-    _store_tile(DKey + i_b64 * S * (KH * D) + i_kh * D, b_dk * sm_scale, offs_n, KH * D, S, D, BLOCK_D)
-    _store_tile(DVal + i_b64 * S * (KH * DV) + i_kh * DV, b_dv, offs_n, KH * DV, S, DV, BLOCK_DV)
-
-
-@triton.jit
-def _dq_inner(
-    b_dq,
-    b_q,
-    b_do,
-    lse2,
-    b_delta,
-    offs_m,
-    lo,
-    hi,
-    qseg,
-    row_hash,
-    k_base,
-    v_base,
-    bias_base,
-    mask_base,
-    kseg_base,
-    sm_scale,
-    softcap,
-    drop_scale,
-    S,
-    n_start,
-    n_stop,
-    KH: tl.constexpr,
-    D: tl.constexpr,
-    DV: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_DV: tl.constexpr,
-    BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    MASKED: tl.constexpr,
-    HAS_BIAS: tl.constexpr,
-    HAS_MASK: tl.constexpr,
-    HAS_SEG: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr,
-    DROP_THRESH: tl.constexpr,
-):
-    """Accumulate dQ of one query block over the key blocks ``[n_start, n_stop)``."""
-    ii = offs_m[:, None]  # [BM, 1]
-    for start_n in range(n_start, n_stop, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        jj = offs_n[None, :]  # [1, BN]
-        b_k = _load_tile(k_base, offs_n, KH * D, S, D, BLOCK_D, MASKED)  # [BN, BD]
-        b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, MASKED)  # [BN, BDV]
-        b_qk = _mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
-        b_kseg = _seg_ids(kseg_base, offs_n, S, -2, MASKED and HAS_SEG)
-        b_s, b_t = _tile_scores(
-            b_qk,
-            ii,
-            jj,
-            lo[:, None],
-            hi[:, None],
-            qseg[:, None],
-            b_kseg[None, :],
-            mask_base,
-            bias_base,
-            sm_scale,
-            softcap,
-            S,
-            MASKED,
-            HAS_BIAS,
-            HAS_MASK,
-            HAS_SEG,
-            HAS_SOFTCAP,
-        )  # [BM, BN]
-        b_p = tl.exp2(b_s - lse2[:, None])  # [BM, BN]
-        b_dp = _mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
-        keep = _keep_mask(row_hash[:, None], jj, DROP_THRESH)
-        b_ds = _dscores(b_p, b_dp, b_delta[:, None], b_t, keep, drop_scale, HAS_SOFTCAP, DROP_THRESH)
-        b_dq = _mma(b_ds.to(b_k.dtype), b_k, b_dq)  # [BM, BD]
-    return b_dq
+    _store_tile(_head_base(DKey, i_b64, i_kh, S, KH, D), b_dk * sm_scale, offs_n, KH * D, S, D, BLOCK_D)
+    _store_tile(_head_base(DVal, i_b64, i_kh, S, KH, DV), b_dv, offs_n, KH * DV, S, DV, BLOCK_DV)
 
 
 @triton.jit
@@ -846,34 +834,28 @@ def _attn_bwd_dq(
 ):
     """One program: dQ of BLOCK_M query rows of one (batch, head), over the same key blocks as the
     forward (a separate kernel rather than atomics: deterministic). Grid ``(cdiv(T, BM), H, B)``."""
-    pid_m = tl.program_id(0)
-    i_h = tl.program_id(1)
-    i_b = tl.program_id(2)
-    i_kh = i_h // (H // KH)
-    i_b64 = i_b.to(tl.int64)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pid_m, i_h, i_b, i_kh, i_b64 = _query_program(H, KH)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
     lo, hi, qseg = _row_bounds(RowLo, RowHi, QSeg + i_b64 * T, offs_m, T, S, HAS_SEG)
     n_start, n_full_lo, n_full_hi, n_end = _block_range(lo, hi, BLOCK_N, HAS_MASK or HAS_SEG)
 
-    k_base = K + i_b64 * S * (KH * D) + i_kh * D
-    v_base = V + i_b64 * S * (KH * DV) + i_kh * DV
-    bias_base = Bias + i_b64 * bias_sb + i_h.to(tl.int64) * bias_sh
-    mask_base = Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh
-    if DROP_THRESH > 0:
-        row_hash = _row_hash(tl.load(Seed), i_b * H + i_h, offs_m)
-    else:
-        row_hash = offs_m
+    k_base = _head_base(K, i_b64, i_kh, S, KH, D)
+    v_base = _head_base(V, i_b64, i_kh, S, KH, DV)
+    bias_base = _bcast_base(Bias, i_b64, i_h, bias_sb, bias_sh)
+    mask_base = _bcast_base(Mask, i_b64, i_h, mask_sb, mask_sh)
+    row_hash = _row_hash(Seed, i_b, i_h, offs_m, H, DROP_THRESH)
 
-    b_q = _load_tile(Q + i_b64 * T * (H * D) + i_h * D, offs_m, H * D, T, D, BLOCK_D, True)  # [BM, BD]
-    b_do = _load_tile(DO + i_b64 * T * (H * DV) + i_h * DV, offs_m, H * DV, T, DV, BLOCK_DV, True)  # [BM, BDV]
-    lse2 = _load_lse2(LSE + (i_b64 * H + i_h) * T, offs_m, T)
-    b_delta = tl.load(Delta + (i_b64 * H + i_h) * T + offs_m, mask=offs_m < T, other=0.0)
+    b_q = _load_tile(_head_base(Q, i_b64, i_h, T, H, D), offs_m, H * D, T, D, BLOCK_D, True)  # [BM, BD]
+    b_do = _load_tile(_head_base(DO, i_b64, i_h, T, H, DV), offs_m, H * DV, T, DV, BLOCK_DV, True)  # [BM, BDV]
+    lse2 = _load_lse2(_stats_base(LSE, i_b64, i_h, T, H), offs_m, T)
+    b_delta = tl.load(_stats_base(Delta, i_b64, i_h, T, H) + offs_m, mask=offs_m < T, other=0.0)
     b_dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for PART in tl.static_range(3):
         n_lo, n_hi = _span(PART, n_start, n_full_lo, n_full_hi, n_end)
-        b_dq = _dq_inner(
+        b_dq, _l, _m = _query_block_inner(
             b_dq,
+            lse2,  # unused: l_i, m_i
+            lse2,
             b_q,
             b_do,
             lse2,
@@ -901,6 +883,7 @@ def _attn_bwd_dq(
             BLOCK_DV,
             BLOCK_M,
             BLOCK_N,
+            True,
             PART != 1,
             HAS_BIAS,
             HAS_MASK,
@@ -908,7 +891,7 @@ def _attn_bwd_dq(
             HAS_SOFTCAP,
             DROP_THRESH,
         )
-    _store_tile(DQ + i_b64 * T * (H * D) + i_h * D, b_dq * sm_scale, offs_m, H * D, T, D, BLOCK_D)
+    _store_tile(_head_base(DQ, i_b64, i_h, T, H, D), b_dq * sm_scale, offs_m, H * D, T, D, BLOCK_D)
 
 
 @triton.jit
@@ -966,9 +949,7 @@ def _attn_bwd_dbias(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     ii = offs_m[:, None]
     jj = offs_n[None, :]
-    row_ok = offs_m < T
-    lo = tl.load(RowLo + offs_m, mask=row_ok, other=S)
-    hi = tl.load(RowHi + offs_m, mask=row_ok, other=0)
+    lo, hi = _bounds(RowLo, RowHi, offs_m, T, S)
     # Does any row of the block admit any key of the block? Otherwise dBias is 0 here.
     live = (tl.max(hi, axis=0) > pid_n * BLOCK_N) & (tl.min(lo, axis=0) < pid_n * BLOCK_N + BLOCK_N)
 
@@ -981,7 +962,7 @@ def _attn_bwd_dbias(
     else:
         h_count = 1
     b_count = tl.where(live, b_count, 0)
-    bias_base = Bias + b_first.to(tl.int64) * bias_sb + h_first.to(tl.int64) * bias_sh
+    bias_base = _bcast_base(Bias, b_first.to(tl.int64), h_first, bias_sb, bias_sh)
     b_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # [BM, BN]
     for bb in range(b_count):
         i_b = b_first + bb
@@ -991,12 +972,12 @@ def _attn_bwd_dbias(
         for hh in range(h_count):
             i_h = h_first + hh
             i_kh = i_h // (H // KH)
-            b_q = _load_tile(Q + i_b64 * T * (H * D) + i_h * D, offs_m, H * D, T, D, BLOCK_D, True)
-            b_do = _load_tile(DO + i_b64 * T * (H * DV) + i_h * DV, offs_m, H * DV, T, DV, BLOCK_DV, True)
-            b_k = _load_tile(K + i_b64 * S * (KH * D) + i_kh * D, offs_n, KH * D, S, D, BLOCK_D, True)
-            b_v = _load_tile(V + i_b64 * S * (KH * DV) + i_kh * DV, offs_n, KH * DV, S, DV, BLOCK_DV, True)
-            lse2 = _load_lse2(LSE + (i_b64 * H + i_h) * T, offs_m, T)
-            b_delta = tl.load(Delta + (i_b64 * H + i_h) * T + offs_m, mask=row_ok, other=0.0)
+            b_q = _load_tile(_head_base(Q, i_b64, i_h, T, H, D), offs_m, H * D, T, D, BLOCK_D, True)
+            b_do = _load_tile(_head_base(DO, i_b64, i_h, T, H, DV), offs_m, H * DV, T, DV, BLOCK_DV, True)
+            b_k = _load_tile(_head_base(K, i_b64, i_kh, S, KH, D), offs_n, KH * D, S, D, BLOCK_D, True)
+            b_v = _load_tile(_head_base(V, i_b64, i_kh, S, KH, DV), offs_n, KH * DV, S, DV, BLOCK_DV, True)
+            lse2 = _load_lse2(_stats_base(LSE, i_b64, i_h, T, H), offs_m, T)
+            b_delta = tl.load(_stats_base(Delta, i_b64, i_h, T, H) + offs_m, mask=offs_m < T, other=0.0)
             b_qk = _mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
             b_s, b_t = _tile_scores(
                 b_qk,
@@ -1006,7 +987,7 @@ def _attn_bwd_dbias(
                 hi[:, None],
                 qseg[:, None],
                 kseg[None, :],
-                Mask + i_b64 * mask_sb + i_h.to(tl.int64) * mask_sh,
+                _bcast_base(Mask, i_b64, i_h, mask_sb, mask_sh),
                 bias_base,
                 sm_scale,
                 softcap,
@@ -1019,10 +1000,7 @@ def _attn_bwd_dbias(
             )
             b_p = tl.exp2(b_s - lse2[:, None])
             b_dp = _mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
-            if DROP_THRESH > 0:
-                row_hash = _row_hash(tl.load(Seed), i_b * H + i_h, offs_m)
-            else:
-                row_hash = offs_m
+            row_hash = _row_hash(Seed, i_b, i_h, offs_m, H, DROP_THRESH)
             keep = _keep_mask(row_hash[:, None], jj, DROP_THRESH)
             b_acc += _dscores(b_p, b_dp, b_delta[:, None], b_t, keep, drop_scale, HAS_SOFTCAP, DROP_THRESH)
     p_db = DBias + (b_first.to(tl.int64) * NBH + h_first) * T * S + ii.to(tl.int64) * S + jj
