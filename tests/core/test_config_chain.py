@@ -75,11 +75,19 @@ def test_eager_autotune_picks_the_cheap_candidates_and_persists_them(costly_plug
 def test_differentiated_calls_pick_by_forward_plus_backward_time(costly_plugin, isolated_cache, monkeypatch):
     # "lopsided" has the cheapest forward (no work) and the dearest backward (80 rounds): timed by its
     # forward it is a contender, by forward+backward it must lose.
+    from ejkernel.kernels.registry import kernel_registry
     from ejkernel.plugins import register_plugin, unregister_plugin
 
     from ._plugins import LopsidedPlugin
 
     monkeypatch.setenv("EJKERNEL_AUTOTUNE_POLICY", "autotune")
+    # Only the two in-test kernels compete (installed plugins would be timed too: slow in their interpreters).
+    everything = kernel_registry.implementations
+    monkeypatch.setattr(
+        kernel_registry,
+        "implementations",
+        lambda *a, **kw: [i for i in everything(*a, **kw) if i.platform in ("costly", "lopsided")],
+    )
     register_plugin(LopsidedPlugin(), "lopsided-test")
     try:
         q, k, v = _qkv(shape=(1, 1024, 8, 64))  # long enough that one round of work outweighs a call's overhead
