@@ -118,6 +118,22 @@ def test_a_config_over_shared_memory_is_refused():
         gpu_fa.flash_attention(q, q, q, fwd_params=FwdParams(kv_blocksize=128, num_stages=3))
 
 
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"fwd_params": FwdParams(q_blocksize=64)},
+        {"fwd_params": FwdParams(num_warps=4)},
+        {"bwd_params": BwdParams(q_blocksize=64)},
+        {"bwd_params": BwdParams(num_stages=2)},
+    ],
+    ids=["fwd_q_blocksize", "fwd_num_warps", "bwd_q_blocksize", "bwd_num_stages"],
+)
+def test_launch_fields_it_does_not_take_are_refused(params):
+    q = jnp.zeros((1, 128, 1, 64), jnp.bfloat16)
+    with pytest.raises(ValueError, match="pallas:gpu"):
+        gpu_fa.flash_attention(q, q, q, **params)
+
+
 def test_vmap_folds_into_the_batch():
     key, seed = fresh_key()
     q, k_, v, _ = _inputs(key, 2, 130, 130, 2, 1, 64, "bfloat16")

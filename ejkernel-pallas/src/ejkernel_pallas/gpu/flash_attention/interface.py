@@ -164,6 +164,18 @@ def _attention(
     fwd_p, bwd_p = fwd_params or FwdParams(), bwd_params or BwdParams()
     if fwd_p.q_blocksize not in (None, Q_ROWS):
         raise ValueError(f"flash_attention (pallas:gpu): q_blocksize must be {Q_ROWS}, got {fwd_p.q_blocksize}")
+    # Launch fields this kernel has no use for are refused, not ignored: the warpgroups are fixed, and
+    # the backward (a jnp recompute) takes only its key block.
+    for field, given in (
+        ("fwd_params.num_warps", fwd_p.num_warps),
+        ("bwd_params.q_blocksize", bwd_p.q_blocksize),
+        ("bwd_params.num_warps", bwd_p.num_warps),
+        ("bwd_params.num_stages", bwd_p.num_stages),
+    ):
+        if given is not None:
+            raise ValueError(
+                f"flash_attention (pallas:gpu): {field} is not used by this kernel (leave it None), got {given}"
+            )
     bk, stages = _fwd_blocks(s, d, fwd_p.kv_blocksize, fwd_p.num_stages)
     dp = _padded_head_dim(d)
     scale = float(d**-0.5 if softmax_scale is None else softmax_scale)
