@@ -223,7 +223,7 @@ def test_failed_candidates_are_skipped_and_reported(costly_plugin, monkeypatch):
     from . import _plugins
 
     monkeypatch.setenv("EJKERNEL_AUTOTUNE_POLICY", "autotune")
-    monkeypatch.setattr(_plugins, "FWD_CANDIDATES", [FwdParams(num_stages=-1, q_blocksize=3), FAST_FWD])
+    monkeypatch.setattr(_plugins, "FWD_CANDIDATES", [FwdParams(num_stages=1, q_blocksize=3), FAST_FWD])
     broken = _plugins.costly_attention
 
     def picky(*args, fwd_params=None, **kwargs):

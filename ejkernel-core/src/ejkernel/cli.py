@@ -76,19 +76,11 @@ def cmd_info(args: argparse.Namespace) -> int:
         out.append("  (no implementations installed)")
     cache = default_chain().persistent
     files = cache.files()
-    n = sum(len(json.loads(f.read_text()).get("entries", {})) for f in files if _readable(f))
+    n = len(cache.entries())
     out.append("")
     out.append(f"config cache: {cache.root}   {len(files)} file(s), {n} entr{'y' if n == 1 else 'ies'}")
     print("\n".join(out))
     return 0
-
-
-def _readable(path: Path) -> bool:
-    try:
-        json.loads(path.read_text())
-        return True
-    except (OSError, ValueError):
-        return False
 
 
 def cmd_cache(args: argparse.Namespace) -> int:
@@ -109,6 +101,8 @@ def cmd_cache(args: argparse.Namespace) -> int:
         print(f"{len(entries)} entr{'y' if len(entries) == 1 else 'ies'}")
     elif args.action == "clear":
         print(f"removed {cache.clear()} entries from {cache.root}")
+        for stray in cache.strays():
+            print(f"left alone: {stray} (not a regular file; remove it by hand)", file=sys.stderr)
     elif args.action == "export":
         doc = cache.export()
         text = json.dumps(doc, indent=1, sort_keys=True)
@@ -118,11 +112,14 @@ def cmd_cache(args: argparse.Namespace) -> int:
             Path(args.file).write_text(text)
             print(f"exported {sum(len(f['entries']) for f in doc['files'])} entries to {args.file}", file=sys.stderr)
     elif args.action == "import":
+        import filelock
+
         try:
             doc = json.loads(sys.stdin.read() if args.file == "-" else Path(args.file).read_text())
             n = cache.import_(doc)
-        except (OSError, ValueError) as e:
-            print(f"ejkernel cache import: cannot import {args.file}: {e}", file=sys.stderr)
+        except (OSError, ValueError, RecursionError, filelock.Timeout) as e:  # nothing was written
+            message = " ".join(str(e).split())  # one line, whatever the document held
+            print(f"ejkernel cache import: cannot import {args.file}: {message}; nothing changed", file=sys.stderr)
             return 2
         print(f"imported {n} entries into {cache.root}")
     return 0

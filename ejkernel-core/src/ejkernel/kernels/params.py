@@ -22,6 +22,12 @@ class _LaunchParams:
     num_warps: int | None = None
     num_stages: int | None = None
 
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{type(self).__name__}.{f.name} must be a positive int or None, got {value!r}")
+
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 

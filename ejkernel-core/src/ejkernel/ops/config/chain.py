@@ -220,10 +220,17 @@ class ConfigSelectorChain:
             if entry is not None and entry.get("impl") in by_name:
                 impl = by_name[entry["impl"]]
                 params_cls = FwdParams if param_stage == "fwd" else BwdParams
-                params = params_cls.from_dict(entry["params"])
+                try:
+                    params = params_cls.from_dict(entry.get("params", {}))
+                except (TypeError, ValueError) as e:  # written by another version: a miss, never an error
+                    if tier == "persistent":
+                        self.persistent.discard(fp_id, inv.op, key, str(e))
+                    self.memory.pop(mem_key, None)
+                    continue
                 if tier == "persistent":
                     self.memory[mem_key] = entry
-                why.append(f"tuned before ({entry.get('seconds', 0) * 1e3:.3f} ms)")
+                seconds = entry.get("seconds")
+                why.append("tuned before" + (f" ({seconds * 1e3:.3f} ms)" if seconds is not None else ""))
                 return self._remember(Selection(inv.op, stage, impl, params, tier, why))
 
         policy = autotune_policy()
