@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 import warnings
 
@@ -37,24 +40,33 @@ RAISES_ON_REGISTER = """
 """
 
 
+def _site_dirs(tmp_path):
+    """Where ``site`` puts distributions: ``later=True`` ones in the second, after the first on ``sys.path``."""
+    return tmp_path / "site", tmp_path / "site-later"
+
+
 @pytest.fixture
 def site(tmp_path, monkeypatch):
     """Make fake distributions with ``ejkernel`` entry points; plugin state is reloaded around the test."""
-    root = tmp_path / "site"
+    root, later_root = _site_dirs(tmp_path)
     root.mkdir()
+    later_root.mkdir()
     for var in ("EJKERNEL_PLUGINS", "EJKERNEL_DISABLE_PLUGINS", "EJKERNEL_STRICT_PLUGINS"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.syspath_prepend(str(later_root))
     monkeypatch.syspath_prepend(str(root))
 
-    def add(ep_name, module, source, *, requires="ejkernel-core>=0.1,<0.2", impl=IMPL):
-        dist = root / f"ejk_{ep_name}-1.0.dist-info"
+    def add(ep_name, module, source, *, requires="ejkernel-core>=0.1,<0.2", impl=IMPL, dist_name=None, later=False):
+        dist_name = dist_name or f"ejk-{ep_name}"
+        where = later_root if later else root
+        dist = where / f"{dist_name.replace('-', '_')}-1.0.dist-info"
         dist.mkdir()
         (dist / "METADATA").write_text(
-            f"Metadata-Version: 2.1\nName: ejk-{ep_name}\nVersion: 1.0\nRequires-Dist: {requires}\n"
+            f"Metadata-Version: 2.1\nName: {dist_name}\nVersion: 1.0\nRequires-Dist: {requires}\n"
         )
         (dist / "entry_points.txt").write_text(f"[ejkernel]\n{ep_name} = {module}\n")
-        (root / f"{module}.py").write_text(textwrap.dedent(source.format(name=ep_name, module=module)))
-        (root / f"{module}_impl.py").write_text(textwrap.dedent(impl))
+        (where / f"{module}.py").write_text(textwrap.dedent(source.format(name=ep_name, module=module)))
+        (where / f"{module}_impl.py").write_text(textwrap.dedent(impl))
 
     manager.reset()
     yield add
@@ -230,3 +242,207 @@ def test_plugin_warning_is_emitted_once_per_load(site):
         plugin_records()
         kernel_registry.implementations("flash_attention")
     assert len([w for w in caught if issubclass(w.category, PluginWarning)]) == 1
+
+
+EXITS_ON_IMPORT = "import sys\nsys.exit(3)"
+INTERRUPTS_ON_IMPORT = "raise KeyboardInterrupt"
+
+
+def _twins(site):
+    """Two distributions whose entry point is named ``twin``; ``ejk-twin-a`` is first on ``sys.path``."""
+    site("twin", "twin_a_plugin", GOOD, dist_name="ejk-twin-a")
+    site("twin", "twin_b_plugin", GOOD, dist_name="ejk-twin-b", later=True)
+
+
+def test_second_distribution_with_a_taken_name_is_skipped_naming_both(site):
+    import jax.numpy as jnp
+
+    from ejkernel.modules import flash_attention
+
+    _twins(site)
+    with pytest.warns(PluginWarning, match=r"'twin' was skipped: ejk-twin-b 1.0 .* but ejk-twin-a 1.0 .*holds it"):
+        records = [r for r in plugin_records() if r.name == "twin"]
+    assert [(r.distribution, r.status) for r in records] == [("ejk-twin-a", "loaded"), ("ejk-twin-b", "failed")]
+    assert "ejk-twin-a" in records[1].error
+    [impl] = kernel_registry.implementations("flash_attention", platform="twin")
+    assert impl.impl == "twin_a_plugin_impl:attention"
+    q = jnp.ones((1, 4, 1, 8))
+    assert flash_attention(q, q, q, platform="twin").shape == q.shape  # op calls work
+
+
+def test_second_distribution_with_a_taken_name_raises_in_strict_mode(site, monkeypatch):
+    _twins(site)
+    monkeypatch.setenv("EJKERNEL_STRICT_PLUGINS", "1")
+    with pytest.raises(PluginError, match="'twin' failed to load: ejk-twin-b 1.0 .*ejk-twin-a 1.0"):
+        plugin_records()
+
+
+def test_entry_point_with_the_name_of_an_in_process_plugin_is_skipped(site):
+    from ejkernel.plugins import hookimpl
+
+    class Plugin:
+        @hookimpl
+        def ejkernel_register_kernels(self, registry):
+            pass
+
+    site("twin", "twin_a_plugin", GOOD, dist_name="ejk-twin-a")
+    register_plugin(Plugin(), "twin")
+    with pytest.warns(PluginWarning, match="ejk-twin-a 1.0 .* but a plugin registered in-process holds it"):
+        plugin_records()
+    assert kernel_registry.implementations("flash_attention", platform="twin") == []
+
+
+def test_plugin_calling_sys_exit_while_registering_is_skipped(site):
+    from ejkernel.plugins import hookimpl
+
+    class Plugin:
+        @hookimpl
+        def ejkernel_register_kernels(self, registry):
+            registry.register("flash_attention", "quitter", "any", impl=_attention)
+            raise SystemExit(5)
+
+    with pytest.warns(PluginWarning, match="'quitter-test' was skipped: SystemExit: 5"):
+        register_plugin(Plugin(), "quitter-test")
+    assert _record("quitter-test").status == "failed"
+    assert kernel_registry.implementations("flash_attention", platform="quitter") == []
+
+
+def test_keyboard_interrupt_in_a_plugin_propagates_and_leaves_nothing_behind(site):
+    from ejkernel.plugins import hookimpl
+
+    class Plugin:
+        @hookimpl
+        def ejkernel_register_kernels(self, registry):
+            registry.register("flash_attention", "stopper", "any", impl=_attention)
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        register_plugin(Plugin(), "stopper-test")
+    assert manager.plugin_manager().get_plugin("stopper-test") is None
+    assert kernel_registry.implementations("flash_attention", platform="stopper") == []
+    site("stopper", "stopper_plugin", INTERRUPTS_ON_IMPORT)
+    manager.reset()  # the query above loaded the entry points already
+    with pytest.raises(KeyboardInterrupt):
+        plugin_records()
+
+
+def _python(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """``python *args`` with the ``site`` distributions on ``PYTHONPATH``, in that order."""
+    path = [str(d) for d in _site_dirs(tmp_path)] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    return subprocess.run([sys.executable, *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_plugin_calling_sys_exit_at_import_does_not_end_the_process(site, tmp_path):
+    site("alpha", "alpha_plugin", GOOD)
+    site("quitter", "quitter_plugin", EXITS_ON_IMPORT)
+    site("lazyquit", "lazyquit_plugin", GOOD, impl=EXITS_ON_IMPORT)  # its kernel module exits when first used
+    script = textwrap.dedent(
+        """
+        import jax.numpy as jnp
+
+        from ejkernel.modules import flash_attention
+        from ejkernel.ops.config.chain import ConfigError
+        from ejkernel.plugins import plugin_records, register_plugin
+        from ejkernel.testing.reference_plugin import ReferencePlugin
+
+        register_plugin(ReferencePlugin(), "reference")  # a default implementation, even with the core alone
+        q = jnp.ones((1, 4, 1, 8))
+        print("alpha:", flash_attention(q, q, q, platform="alpha").shape)
+        print("default:", flash_attention(q, q, q).shape)
+        try:
+            flash_attention(q, q, q, platform="lazyquit")
+        except ConfigError as e:
+            print("lazyquit:", e)
+        print("quitter:", {r.name: (r.status, r.error) for r in plugin_records()}["quitter"])
+        print("still running")
+        """
+    )
+    run = _python(tmp_path, "-c", script)
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    assert "alpha: (1, 4, 1, 8)" in out and "default: (1, 4, 1, 8)" in out and "still running" in out, out
+    assert "quitter: ('failed', 'SystemExit: 3')" in out, out
+    assert "cannot import 'lazyquit_plugin_impl:attention': SystemExit: 3" in out, out
+    assert "ejkernel plugin 'quitter' was skipped: SystemExit: 3" in run.stderr, run.stderr
+
+
+def test_info_shows_skipped_plugins_with_their_reasons(site, tmp_path):
+    _twins(site)
+    site("quitter", "quitter_plugin", EXITS_ON_IMPORT)
+    run = _python(tmp_path, "-m", "ejkernel", "info")
+    assert run.returncode == 0, run.stderr
+    lines = {line.split()[2]: line for line in run.stdout.splitlines() if line.split()[:1] in (["twin"], ["quitter"])}
+    assert "loaded" in lines["ejk-twin-a"], run.stdout
+    assert "failed" in lines["ejk-twin-b"] and "ejk-twin-a 1.0 (first on sys.path) holds it" in lines["ejk-twin-b"]
+    assert "failed" in lines["ejk-quitter"] and "SystemExit: 3" in lines["ejk-quitter"], run.stdout
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        (
+            {"backend": "quantum"},
+            "flash_attention: backend must be one of 'cpu', 'gpu', 'tpu', 'any', 'auto', got 'quantum'",
+        ),
+        ({"backend": "all"}, "backend must be one of .*, got 'all'"),  # the registry's listing value, not a device
+        (
+            {"platform": "reference:quantum"},
+            "the backend of platform='reference:quantum' must be one of 'cpu', 'gpu', 'tpu', 'any', got",
+        ),
+    ],
+)
+def test_unknown_backend_is_refused_listing_the_known_ones(kwargs, message):
+    import jax.numpy as jnp
+
+    from ejkernel.modules import flash_attention
+
+    q = jnp.ones((1, 4, 1, 8))
+    with pytest.raises(ValueError, match=message):
+        flash_attention(q, q, q, **kwargs)
+
+
+def test_known_backend_names_and_jax_aliases_are_accepted():
+    import jax.numpy as jnp
+
+    from ejkernel.modules import flash_attention
+    from ejkernel.modules.operations.configs import FlashAttentionConfig
+
+    q = jnp.ones((1, 4, 1, 8))
+    assert flash_attention(q, q, q, backend="any", platform="reference").shape == q.shape
+    assert flash_attention(q, q, q, backend=Backend.ANY, platform="reference:any").shape == q.shape
+    assert FlashAttentionConfig(backend="CUDA").backend == "gpu"
+
+
+def test_config_with_an_unknown_backend_is_refused():
+    from ejkernel.modules.operations.configs import FlashAttentionConfig
+
+    with pytest.raises(ValueError, match="FlashAttentionConfig: backend must be one of .*'auto', got 'quantum'"):
+        FlashAttentionConfig(backend="quantum")
+
+
+def test_unknown_platform_is_an_error_listing_the_installed_ones():
+    import jax.numpy as jnp
+
+    from ejkernel.modules import flash_attention
+    from ejkernel.modules.operations.configs import FlashAttentionConfig
+    from ejkernel.ops.config.chain import ConfigError
+    from ejkernel.plugins import hookimpl
+
+    class Plugin:
+        @hookimpl
+        def ejkernel_register_kernels(self, registry):
+            registry.register("flash_attention", "tpuonly", "tpu", impl=_attention)
+
+    q = jnp.ones((1, 4, 1, 8))
+    listed = r"platform 'quantum' is installed; the installed platforms of 'flash_attention' are .*'reference'"
+    with pytest.raises(ConfigError, match=listed):
+        flash_attention(q, q, q, platform="quantum")
+    with pytest.raises(ConfigError, match=listed):
+        flash_attention(q, q, q, cfg=FlashAttentionConfig(platform="quantum"))
+    register_plugin(Plugin(), "tpuonly-test")
+    try:
+        with pytest.raises(ConfigError, match=r"'tpuonly' runs on backend 'cpu'\. Installed: .*tpuonly:tpu"):
+            flash_attention(q, q, q, platform="tpuonly", backend="cpu")
+    finally:
+        unregister_plugin("tpuonly-test")

@@ -37,6 +37,18 @@ def normalize_backend(name: str) -> str:
     return name
 
 
+def check_backend(value: Backend | str, argument: str, *, auto: bool = True) -> str:
+    """``value`` as one of our backend names (JAX's "cuda"/"rocm" mean "gpu"), else ``ValueError`` naming ``argument``.
+
+    An unknown name would otherwise select only the ``any`` implementations, silently.
+    """
+    name = normalize_backend(getattr(value, "value", value))
+    known = [b.value for b in Backend] + (["auto"] if auto else [])
+    if name not in known:
+        raise ValueError(f"{argument} must be one of {', '.join(map(repr, known))}, got {value!r}")
+    return name
+
+
 def current_backend() -> str:
     import jax
 

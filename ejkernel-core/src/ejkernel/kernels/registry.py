@@ -62,7 +62,7 @@ class Implementation:
                     where = f"{self.plugin} ({self.algorithm} on {self.name})"
                     try:
                         fn = _load(self.impl, where)
-                    except Exception as e:
+                    except (Exception, SystemExit) as e:  # a module calling sys.exit() must not end the caller
                         raise ImportError(f"{where}: cannot import {self.impl!r}: {type(e).__name__}: {e}") from e
                     check_signature(self.algorithm, fn, where)
                     self._fn = fn
@@ -250,6 +250,14 @@ class KernelRegistry:
                 else ""
             )
             return f"No implementation of {wanted} is installed.{hint} Run `ejkernel info` to see what is."
+        installed = sorted({r.platform for r in everywhere})
+        if platform not in (None, "auto"):
+            # "name" or "name:backend"; a name no plugin registered is most likely a typo.
+            if str(getattr(platform, "value", platform)).lower().partition(":")[0] not in installed:
+                return (
+                    f"No implementation of {wanted} is installed; the installed platforms of {algorithm!r} are "
+                    f"{', '.join(map(repr, installed))} (or 'auto'). Run `ejkernel info` to see what is."
+                )
         listed = ", ".join(f"{r.name} (from {r.plugin})" for r in everywhere)
         return f"No implementation of {wanted} runs on backend {backend_name!r}. Installed: {listed}." + (
             " `pip install ejkernel-xla` runs everywhere." if spec else ""

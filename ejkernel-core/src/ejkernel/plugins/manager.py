@@ -1,9 +1,11 @@
 """Finding, loading and diagnosing plugins.
 
 Each entry point of the ``ejkernel`` group is loaded in its own ``try``: a plugin that fails to
-import or to register is skipped with one warning naming it and recorded as failed (shown by
-``ejkernel info``); ``EJKERNEL_STRICT_PLUGINS=1`` turns that into an error. ``EJKERNEL_PLUGINS``
-(allow list) and ``EJKERNEL_DISABLE_PLUGINS`` (block list) take comma-separated entry-point names.
+import or to register (``SystemExit`` included; ``KeyboardInterrupt`` propagates), or whose name an
+earlier distribution on ``sys.path`` already took, is skipped with one warning naming it and recorded
+as failed (shown by ``ejkernel info``); ``EJKERNEL_STRICT_PLUGINS=1`` turns that into an error.
+``EJKERNEL_PLUGINS`` (allow list) and ``EJKERNEL_DISABLE_PLUGINS`` (block list) take comma-separated
+entry-point names.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ class PluginRecord:
 _lock = threading.RLock()
 _pm: pluggy.PluginManager | None = None
 _records: dict[str, PluginRecord] = {}
+_shadowed: list[PluginRecord] = []  # entry points whose name an earlier one (or an in-process plugin) holds
 _loaded_into: set[int] = set()
 _current = threading.local()
 
@@ -114,13 +117,22 @@ def _check_core_range(dist: md.Distribution | None) -> None:
                 )
 
 
-def _fail(name: str, dist: md.Distribution | None, error: BaseException) -> None:
-    message = f"{type(error).__name__}: {error}"
-    _records[name] = PluginRecord(
-        name, dist.metadata["Name"] if dist else None, dist.version if dist else None, "failed", message
+def _put(record: PluginRecord, shadowed: bool) -> None:
+    if shadowed:
+        _shadowed.append(record)
+    else:
+        _records[record.name] = record
+
+
+def _fail(name: str, dist: md.Distribution | None, error: BaseException | str, *, shadowed: bool = False) -> None:
+    message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    _put(
+        PluginRecord(name, dist.metadata["Name"] if dist else None, dist.version if dist else None, "failed", message),
+        shadowed,
     )
     if _strict():
-        raise PluginError(f"ejkernel plugin {name!r} failed to load: {message}") from error
+        cause = error if isinstance(error, BaseException) else None
+        raise PluginError(f"ejkernel plugin {name!r} failed to load: {message}") from cause
     warnings.warn(f"ejkernel plugin {name!r} was skipped: {message}", PluginWarning, stacklevel=4)
 
 
@@ -152,10 +164,12 @@ def register_plugin(
                 )
                 hook(registry=registry)
             info = _backend_info(plugin, name)
-        except Exception as e:
+        except BaseException as e:
             registry.unregister_plugin(name)
             if pm.is_registered(plugin):
                 pm.unregister(plugin)
+            if not isinstance(e, (Exception, SystemExit)):
+                raise  # KeyboardInterrupt: the user stops the program, not the plugin
             _fail(name, None, e)
             return
         _records[name] = PluginRecord(name, distribution, version, "loaded", None, info)
@@ -194,21 +208,43 @@ def ensure_loaded(registry: KernelRegistry) -> None:
             return
         _loaded_into.add(id(registry))  # before loading: a plugin may query the registry while registering
         allow, block = _names("EJKERNEL_PLUGINS"), _names("EJKERNEL_DISABLE_PLUGINS") or set()
+        pm, seen = plugin_manager(), set()
+        # A stable sort: of two entry points with one name, the first on sys.path keeps it.
         for ep in sorted(md.entry_points(group=ENTRY_POINT_GROUP), key=lambda e: e.name):
             dist = ep.dist
+            shadowed = ep.name in seen or pm.get_plugin(ep.name) is not None
+            seen.add(ep.name)
             if (allow is not None and ep.name not in allow) or ep.name in block:
-                _records[ep.name] = PluginRecord(
+                _put(
+                    PluginRecord(
+                        ep.name,
+                        dist.metadata["Name"] if dist else None,
+                        dist.version if dist else None,
+                        "disabled",
+                        "excluded by EJKERNEL_PLUGINS/EJKERNEL_DISABLE_PLUGINS",
+                    ),
+                    shadowed,
+                )
+                continue
+            if shadowed:
+                this = f"{dist.metadata['Name']} {dist.version}" if dist else "an entry point"
+                first = _records.get(ep.name)
+                owner = (
+                    f"{first.distribution} {first.version} (first on sys.path)"
+                    if first is not None and first.distribution is not None
+                    else "a plugin registered in-process"
+                )
+                _fail(
                     ep.name,
-                    dist.metadata["Name"] if dist else None,
-                    dist.version if dist else None,
-                    "disabled",
-                    "excluded by EJKERNEL_PLUGINS/EJKERNEL_DISABLE_PLUGINS",
+                    dist,
+                    f"{this} provides a plugin of this name too, but {owner} holds it; uninstall one of them",
+                    shadowed=True,
                 )
                 continue
             try:
                 _check_core_range(dist)
                 plugin = ep.load()
-            except Exception as e:
+            except (Exception, SystemExit) as e:  # a plugin calling sys.exit() must not end the user's program
                 _fail(ep.name, dist, e)
                 continue
             register_plugin(
@@ -221,11 +257,11 @@ def ensure_loaded(registry: KernelRegistry) -> None:
 
 
 def plugin_records() -> list[PluginRecord]:
-    """Every plugin seen so far (loaded, failed or disabled), by name."""
+    """Every plugin seen so far (loaded, failed or disabled), by name; of two with one name, the one loaded first."""
     from ejkernel.kernels.registry import kernel_registry
 
     ensure_loaded(kernel_registry)
-    return sorted(_records.values(), key=lambda r: r.name)
+    return sorted([*_records.values(), *_shadowed], key=lambda r: r.name)
 
 
 def reset() -> None:
@@ -237,5 +273,6 @@ def reset() -> None:
         for name in list(_records):
             kernel_registry.unregister_plugin(name)
         _records.clear()
+        _shadowed.clear()
         _loaded_into.clear()
         _pm = None

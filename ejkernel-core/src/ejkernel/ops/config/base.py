@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Self
 
+from ejkernel.kernels._types import check_backend
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 
@@ -30,7 +31,7 @@ class BaseOperationConfig:
     def __post_init__(self) -> None:
         # Accept Platform/Backend enums and plain strings alike; store plain lower-case strings.
         object.__setattr__(self, "platform", str(getattr(self.platform, "value", self.platform)).lower())
-        object.__setattr__(self, "backend", str(getattr(self.backend, "value", self.backend)).lower())
+        object.__setattr__(self, "backend", check_backend(self.backend, f"{type(self).__name__}: backend"))
         if self.fwd_params is not None and not isinstance(self.fwd_params, FwdParams):
             raise TypeError(
                 f"{type(self).__name__}: fwd_params must be FwdParams or None, got {type(self.fwd_params).__name__}"
