@@ -52,6 +52,15 @@ def parametrize_implementations(op: str) -> Callable[[Any], None]:
     return pytest_generate_tests
 
 
+@pytest.fixture(autouse=True)
+def ejkernel_full_precision_matmuls() -> Any:
+    """The suites run float32 matmuls at full precision: on GPUs JAX's default is TF32 (10 mantissa bits),
+    which the suites' float32 tolerances do not allow, for an implementation and the reference alike.
+    Autouse only where a ``conftest.py`` of the suites imports it (never in a user's own tests)."""
+    with jax.default_matmul_precision("float32"):
+        yield
+
+
 def dtype_cases(cases: Sequence[Any], lower_precision: Mapping[str, Sequence[str]]) -> list[Any]:
     """``pytest.param(case, dtype)``, id ``name-dtype``: every case in float32, and the cases named in
     ``lower_precision`` also in the dtypes given there (compiling is what costs time on CI)."""
