@@ -31,7 +31,7 @@ def test_info_lists_versions_device_plugins_matrix_and_cache(isolated_cache):
         f"fingerprint: {fingerprint_id()}",
         "autotune policy: heuristics",
         "plugins",
-        "ops x platforms",
+        "ops x platforms: the implementations by name",
         f"config cache: {isolated_cache}",
         "1 file(s), 1 entry",
     ):

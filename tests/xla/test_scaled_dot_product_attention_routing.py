@@ -94,9 +94,9 @@ def test_hopper_takes_head_dim_256(monkeypatch):
 def test_cudnn_paths_are_registered_for_gpu_with_their_supports():
     for op, module in (("scaled_dot_product_attention", cudnn), ("flash_attention", flash_cudnn)):
         impls = {i.name: i for i in kernel_registry.implementations(op, backend="gpu")}
-        assert "xla:gpu" in impls and "xla:any" in impls, sorted(impls)
-        gpu = impls["xla:gpu"]
-        assert gpu.priority > impls["xla:any"].priority
+        assert "cudnn" in impls and "xla" in impls, sorted(impls)
+        gpu = impls["cudnn"]
+        assert (gpu.platform, gpu.backend) == ("xla", "gpu") and gpu.priority > impls["xla"].priority
         assert gpu.supports(invocation(sdpa_kernel if op != "flash_attention" else flash_kernel, d=60)) is not None
         assert gpu.fn.__module__ == module.__name__  # imports on CPU and matches the canonical signature
 

@@ -61,17 +61,25 @@ def cmd_info(args: argparse.Namespace) -> int:
     backend = current_backend()
     ops = kernel_registry.algorithms()
     platforms = sorted({i.platform for op in ops for i in kernel_registry.implementations(op, backend="all")})
-    out.append(f"ops x platforms ('*' = runs on this {backend} device, '-' = installed for another backend):")
+    out.append(
+        f"ops x platforms: the implementations by name ('*' = runs on this {backend} device; "
+        "others name their backend); platform= takes a name or a platform:"
+    )
     if platforms:
-        width = max(len(op) for op in ops) + 2
-        out.append("  " + "op".ljust(width) + "".join(p.ljust(10) for p in platforms))
+        cells_of = {}
         for op in ops:
-            cells = []
-            for p in platforms:
-                impls = kernel_registry.implementations(op, platform=p, backend="all")
-                here = [i for i in impls if i.runs_on(backend)]
-                cells.append(("*" + ",".join(i.backend for i in here)) if here else ("-" if impls else ""))
-            out.append("  " + op.ljust(width) + "".join(c.ljust(10) for c in cells))
+            every = kernel_registry.implementations(op, backend="all")
+            cells_of[op] = [
+                " ".join(
+                    ("*" + i.name) if i.runs_on(backend) else f"{i.name}({i.backend})" for i in every if i.platform == p
+                )
+                for p in platforms
+            ]
+        widths = [max([len(p), *(len(cells_of[op][j]) for op in ops)]) + 2 for j, p in enumerate(platforms)]
+        width = max(len(op) for op in ops) + 2
+        out.append(("  " + "op".ljust(width) + "".join(p.ljust(w) for p, w in zip(platforms, widths))).rstrip())
+        for op in ops:
+            out.append("  " + op.ljust(width) + "".join(c.ljust(w) for c, w in zip(cells_of[op], widths)).rstrip())
     else:
         out.append("  (no implementations installed)")
     cache = default_chain().persistent

@@ -48,21 +48,22 @@ def interpret_enabled() -> bool:
 
 @hookimpl
 def ejkernel_register_kernels(registry: KernelRegistry) -> None:
-    targets = [("tpu", 100, "")]
+    targets = [("tpu", 100, "", "mosaic_tpu")]
     if interpret_enabled():
-        targets.append(("cpu", 1, "_interpret"))
+        targets.append(("cpu", 1, "_interpret", "mosaic_tpu_interpret"))
     entries = [
-        (op, module, backend, priority, suffix)
+        (op, module, backend, priority, suffix, name)
         for op, module in TPU_OPS.items()
-        for backend, priority, suffix in targets
+        for backend, priority, suffix, name in targets
     ]
-    entries += [(op, module, "gpu", GPU_PRIORITY, "") for op, module in GPU_OPS.items()]
-    for op, module, backend, priority, suffix in entries:
+    entries += [(op, module, "gpu", GPU_PRIORITY, "", "mosaic_gpu") for op, module in GPU_OPS.items()]
+    for op, module, backend, priority, suffix, name in entries:
         registry.register(
             op,
             "pallas",
             backend,
             priority=priority,
+            name=name,
             impl=f"{module}:{op}{suffix}",
             supports=f"{module}:supports",
             heuristic_cfg=f"{module}:heuristic_cfg",

@@ -20,12 +20,13 @@ from ejkernel_triton import __version__
 _MODULE = "ejkernel_triton.flash_attention"
 
 
-def _register_flash_attention(registry, backend: str, priority: int) -> None:  # noqa: ANN001
+def _register_flash_attention(registry, backend: str, priority: int, name: str) -> None:  # noqa: ANN001
     registry.register(
         "flash_attention",
         "triton",
         backend,
         priority=priority,
+        name=name,
         impl=f"{_MODULE}:flash_attention",
         supports=f"{_MODULE}:supports",
         heuristic_cfg=f"{_MODULE}:heuristic_cfg",
@@ -36,9 +37,9 @@ def _register_flash_attention(registry, backend: str, priority: int) -> None:  #
 
 @hookimpl
 def ejkernel_register_kernels(registry) -> None:  # noqa: ANN001
-    _register_flash_attention(registry, "gpu", 100)
+    _register_flash_attention(registry, "gpu", 100, "triton")
     if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":  # tests on CPU run the interpreter
-        _register_flash_attention(registry, "cpu", 1)
+        _register_flash_attention(registry, "cpu", 1, "triton_interpret")
 
 
 def _missing_dependency() -> str | None:

@@ -1,5 +1,6 @@
 """The operations layer: ``Kernel``, ``Executor``, the config chain, caches, fingerprint and autotuner."""
 
+from ejkernel.ops.call import Call
 from ejkernel.ops.config.autotune import AutotuneError, Autotuner
 from ejkernel.ops.config.base import BaseOperationConfig
 from ejkernel.ops.config.chain import (
@@ -30,6 +31,7 @@ __all__ = [
     "BaseOperationConfig",
     "BwdParams",
     "CacheWarning",
+    "Call",
     "ConfigError",
     "ConfigSelectorChain",
     "Executor",

@@ -11,6 +11,7 @@ import numpy as np
 
 from ejkernel.kernels.registry import Implementation
 from ejkernel.kernels.signatures import OPS
+from ejkernel.ops.call import Call
 from ejkernel.ops.config.base import BaseOperationConfig
 from ejkernel.ops.invocation import Invocation
 
@@ -23,9 +24,9 @@ class Kernel(Generic[Cfg]):
     """One op as the ``Executor`` runs it. Subclass per op; set ``op_id`` and ``config_type``.
 
     The forward and backward have their own launch parameters: ``run`` passes ``cfg.fwd_params``
-    and ``cfg.bwd_params`` to the implementation, and the executor wires the call into
-    ``jax.custom_vjp`` so that the backward's parameters are only resolved (and tuned) when the
-    call is differentiated.
+    and ``cfg.bwd_params`` to the implementation, and the executor resolves (and tunes) the
+    backward's parameters only when the call is differentiated. Reverse mode runs the
+    implementation's own VJP; forward mode takes the tangent from ``tangent``.
     """
 
     op_id: ClassVar[str]
@@ -57,6 +58,15 @@ class Kernel(Generic[Cfg]):
         """Bring equivalent spellings of options to one form, so they share cache entries."""
         return arguments
 
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        """The result of a call with nothing to compute (no queries, no keys, no rows...), or None to run it.
+
+        Asked (with validated, normalized ``arguments``) only when an array argument has a zero-size axis,
+        e.g. the idle step of a server; the call then reaches no implementation, so none has to handle
+        zero-size shapes. The result must not depend on the inputs' values: its gradients are zeros.
+        """
+        return None
+
     def positional_names(self) -> list[str]:
         return [
             p.name
@@ -65,10 +75,44 @@ class Kernel(Generic[Cfg]):
         ]
 
     def run(self, arguments: Mapping[str, Any], *, impl: Implementation, cfg: Cfg) -> Any:
-        """Call ``impl`` with the arguments and ``cfg``'s launch parameters."""
+        """Call ``impl`` with the arguments and ``cfg``'s launch parameters (as ``impl``'s own params classes).
+
+        A ``takes_call`` implementation gets one :class:`~ejkernel.ops.call.Call`; any other the canonical
+        arguments, less the options it left out of its signature (only ever at their defaults: a call that
+        sets one is declined before it gets here).
+        """
+        fwd_params = impl.coerce_params(cfg.fwd_params, "fwd")
+        bwd_params = impl.coerce_params(cfg.bwd_params, "bwd")
+        if impl.takes_call:
+            return impl.fn(Call(self.op_id, arguments), fwd_params=fwd_params, bwd_params=bwd_params)
+        known = impl.known_options()
         positional = [arguments[n] for n in self.positional_names()]
-        keyword = {k: v for k, v in arguments.items() if k not in self.positional_names()}
-        return impl.fn(*positional, **keyword, fwd_params=cfg.fwd_params, bwd_params=cfg.bwd_params)
+        keyword = {
+            k: v for k, v in arguments.items() if k not in self.positional_names() and (known is None or k in known)
+        }
+        return impl.fn(*positional, **keyword, fwd_params=fwd_params, bwd_params=bwd_params)
+
+    def tangent(self, arguments: Mapping[str, Any], tangents: Mapping[str, Any]) -> Any:
+        """The output's tangent at ``arguments`` along ``tangents`` (by name; the rest stand still).
+
+        Forward-mode autodiff (``jax.jvp``, ``jax.jacfwd``, ``jax.linearize``) computes tangents with this;
+        reverse mode never calls it. The default is ``jax.jvp`` of the op's reference
+        (``ejkernel.testing.reference``): float32 and dense, so slower and larger than the kernels.
+        """
+        from ejkernel.testing import reference
+
+        fn = getattr(reference, self.op_id, None)
+        if fn is None:
+            raise NotImplementedError(
+                f"{self.op_id}: no forward-mode rule (no reference to take the tangent of); "
+                f"use reverse mode (jax.grad, jax.vjp, jax.jacrev)"
+            )
+        names = list(tangents)
+
+        def f(*xs: Any) -> Any:
+            return fn(**{**arguments, **dict(zip(names, xs))})
+
+        return jax.jvp(f, tuple(arguments[k] for k in names), tuple(tangents[k] for k in names))[1]
 
     def heuristic_cfg(self, inv: Invocation, impl: Implementation, stage: str) -> Any:
         """The launch parameters (``FwdParams`` for ``"fwd"``, ``BwdParams`` for ``"bwd"``) to use untuned.

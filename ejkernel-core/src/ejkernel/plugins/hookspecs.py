@@ -21,6 +21,15 @@ hookspec = pluggy.HookspecMarker("ejkernel")
 
 
 @hookspec
+def ejkernel_register_ops(registry: KernelRegistry) -> None:
+    """Add this plugin's own ops by calling ``registry.register_op(name, stub, validate, reference=...)``.
+
+    Called before :func:`ejkernel_register_kernels` of the same plugin, so that its kernels can implement
+    them. An op belongs to the plugin that added it and goes when the plugin is unregistered.
+    """
+
+
+@hookspec
 def ejkernel_register_kernels(registry: KernelRegistry) -> None:
     """Register this plugin's implementations by calling ``registry.register(...)`` once per implementation.
 

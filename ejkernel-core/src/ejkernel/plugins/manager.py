@@ -159,10 +159,9 @@ def register_plugin(
         try:
             pm.register(plugin, name=name)
             with _registering(name):
-                hook = pm.subset_hook_caller(
-                    "ejkernel_register_kernels", remove_plugins=[p for p in pm.get_plugins() if p is not plugin]
-                )
-                hook(registry=registry)
+                others = [p for p in pm.get_plugins() if p is not plugin]
+                for hook_name in ("ejkernel_register_ops", "ejkernel_register_kernels"):  # its ops first
+                    pm.subset_hook_caller(hook_name, remove_plugins=others)(registry=registry)
             info = _backend_info(plugin, name)
         except BaseException as e:
             registry.unregister_plugin(name)

@@ -30,15 +30,27 @@ from ejkernel.kernels.signatures import scaled_dot_product_attention as _scaled_
 
 
 class OpSpec:
-    """One op's contract: its canonical stub, validator and the distributions that implement it."""
+    """One op's contract: its canonical stub (arrays positional, options keyword-only), its validator and
+    the distributions that implement it; ``reference`` (the plain function every implementation is checked
+    against) and ``owner`` (``"ejkernel-core"``, or the plugin that registered the op through
+    ``registry.register_op``)."""
 
     def __init__(
-        self, name: str, stub: Callable[..., Any], validate: Callable[..., None], provided_by: tuple[str, ...]
+        self,
+        name: str,
+        stub: Callable[..., Any],
+        validate: Callable[..., None],
+        provided_by: tuple[str, ...],
+        *,
+        reference: Callable[..., Any] | None = None,
+        owner: str = "ejkernel-core",
     ):
         self.name = name
         self.stub = stub
         self.validate = validate
         self.provided_by = provided_by
+        self.reference = reference
+        self.owner = owner
         self.signature = inspect.signature(stub)
 
 
@@ -143,8 +155,47 @@ OPS: dict[str, OpSpec] = {
 }
 
 
+def add_op(spec: OpSpec) -> None:
+    """Make ``spec`` an op (a plugin's new op, through ``registry.register_op``).
+
+    Raises:
+        ValueError: an op of that name exists and belongs to someone else (the core or another plugin).
+    """
+    other = OPS.get(spec.name)
+    if other is not None and other.owner != spec.owner:
+        raise ValueError(f"{spec.owner}: an op named {spec.name!r} already exists (defined by {other.owner})")
+    OPS[spec.name] = spec
+
+
+def remove_ops(owner: str) -> None:
+    """Forget the ops that ``owner`` (a plugin) added; the core's own stay."""
+    for name in [n for n, spec in OPS.items() if spec.owner == owner and owner != "ejkernel-core"]:
+        del OPS[name]
+
+
+def check_call_signature(fn: Callable[..., Any], where: str) -> None:
+    """Refuse ``fn`` unless it can be called as ``fn(call, *, fwd_params, bwd_params)`` (a bound-call implementation).
+
+    Raises:
+        TypeError: naming what does not fit.
+    """
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{where}: cannot read the signature of {fn!r}: {e}") from None
+    try:
+        sig.bind(object(), fwd_params=None, bwd_params=None)
+    except TypeError as e:
+        raise TypeError(
+            f"{where}: a takes_call implementation must accept (call, *, fwd_params, bwd_params): {e}"
+        ) from None
+
+
 def check_signature(op: str, fn: Callable[..., Any], where: str) -> None:
     """Refuse ``fn`` unless its parameters match the canonical signature of ``op``, name for name.
+
+    Keyword options with a default may be left out: the implementation does not support them and
+    declines the calls that set them.
 
     Raises:
         TypeError: naming the first parameter that is missing, extra, misplaced or of the wrong kind.
@@ -159,6 +210,8 @@ def check_signature(op: str, fn: Callable[..., Any], where: str) -> None:
     got_names = [p.name for p in got]
     for i, p in enumerate(expected):
         if p.name not in got_names:
+            if p.kind is inspect.Parameter.KEYWORD_ONLY and p.default is not inspect.Parameter.empty:
+                continue  # an option it does not support: it declines calls that set it (Implementation.declines)
             raise TypeError(f"{where}: implementation of {op!r} lacks parameter {p.name!r} ({_describe(p)})")
         q = got[got_names.index(p.name)]
         if q.kind != p.kind:

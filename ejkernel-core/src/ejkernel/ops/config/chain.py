@@ -190,7 +190,12 @@ class ConfigSelectorChain:
         for tier, cfg in (("override", override), ("overlay", current_overlay().get(inv.op))):
             if cfg is None:
                 continue
-            chosen = [i for i in usable if cfg.platform in ("auto", i.platform) and cfg.backend in ("auto", i.backend)]
+            # An implementation registered for "any" serves a config that names a backend.
+            chosen = [
+                i for i in usable if i.matches(cfg.platform) and (cfg.backend == "auto" or i.runs_on(cfg.backend))
+            ]
+            if any(i.name == cfg.platform for i in chosen):  # a name selects exactly that implementation
+                chosen = [i for i in chosen if i.name == cfg.platform]
             if not chosen:
                 raise ConfigError(
                     f"{inv.op}: the {tier} config asks for platform {cfg.platform!r}, backend {cfg.backend!r}, "
@@ -199,6 +204,10 @@ class ConfigSelectorChain:
                 )
             impl = chosen[0]
             wanted = cfg.fwd_params if param_stage == "fwd" else cfg.bwd_params
+            try:
+                wanted = impl.coerce_params(wanted, param_stage)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"{inv.op}: the {tier} config's {param_stage}_params: {e}") from None
             params = wanted if wanted is not None else kernel.heuristic_cfg(inv, impl, param_stage)
             why.append(
                 f"{tier} config"
@@ -219,9 +228,8 @@ class ConfigSelectorChain:
             entry = self.memory.get(mem_key) if tier == "memory" else self.persistent.get(fp_id, inv.op, key)
             if entry is not None and entry.get("impl") in by_name:
                 impl = by_name[entry["impl"]]
-                params_cls = FwdParams if param_stage == "fwd" else BwdParams
                 try:
-                    params = params_cls.from_dict(entry.get("params", {}))
+                    params = impl.params_type(param_stage).from_dict(entry.get("params", {}))
                 except (TypeError, ValueError) as e:  # written by another version: a miss, never an error
                     if tier == "persistent":
                         self.persistent.discard(fp_id, inv.op, key, str(e))

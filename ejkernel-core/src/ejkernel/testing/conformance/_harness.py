@@ -161,8 +161,8 @@ def candidate_cfg_pairs(impl: Any, invocation: Any) -> list[tuple[Any, Any]]:
 
 
 def call_forced(fn: Any, impl: Any, *args: Any, **kwargs: Any) -> Any:
-    """The public function ``fn`` with exactly the implementation under test forced (``platform="name:backend"``,
-    so that another implementation of the same platform, e.g. cuDNN's ``xla:gpu`` beside ``xla:any``, is not used)."""
+    """The public function ``fn`` with exactly the implementation under test forced (``platform=`` its name, so
+    that another implementation of the same platform, e.g. ``cudnn`` beside ``xla``, is not used)."""
     backend = None if impl.backend == "any" else impl.backend
     return fn(*args, platform=impl.name, backend=backend, **kwargs)
 
