@@ -35,7 +35,7 @@ PLUGINS = ("xla", "triton", "pallas", "cuda")
 # the pytest options that select them: Triton's kernels are registered for GPUs, and on a CPU the
 # suites run them in Triton's interpreter (EJKERNEL_TRITON_INTERPRET=1 below).
 CONFORMANCE = {"xla": (), "triton": ("--ejkernel-backend=gpu",), "pallas": ()}
-# The CPU test set-up of DESIGN §10: 8 simulated devices for sharding, Triton kernels interpreted.
+# The CPU test set-up of docs/design.md §11: 8 simulated devices for sharding, Triton kernels interpreted.
 TEST_ENV = {
     "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
     "EJKERNEL_TRITON_INTERPRET": "1",

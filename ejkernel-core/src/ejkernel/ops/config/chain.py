@@ -1,4 +1,4 @@
-"""The seven-tier configuration chain (DESIGN §6): override, overlay, memory, persistent, autotune, heuristics, error.
+"""The seven-tier configuration chain (docs/design.md §6): override, overlay, memory, persistent, autotune, heuristics, error.
 
 ``select`` resolves one stage of one call: ``"fwd"`` picks the implementation and its forward
 parameters; when the call is differentiated, ``"train"`` picks them again by forward+backward time
