@@ -13,11 +13,15 @@ Semantics, in the order they apply to the scores of query i and key j:
    ``sliding_window=(left, right)``: ``i + S - T - left <= j <= i + S - T + right`` (an int ``w``
    means ``(w, w)``); with ``cu_seqlens_q``/``cu_seqlens_k`` (B == 1) the sequences are packed
    along T and S, keys attend only within their own sequence, and causal/window alignment is per
-   sequence;
+   sequence (``cu_seqlens_q`` non-decreasing within ``[0, T]``, ``cu_seqlens_k`` within ``[0, S]``: checked
+   when concrete; under ``jit`` unchecked unless ``EJKERNEL_CHECKS=1``, and a violation gives a wrong
+   output without an error);
 5. softmax over the admitted keys in float32; a row with no admitted key gives zeros (never NaN);
 6. dropout: probability ``p`` is dropped and survivors are scaled by ``1 / (1 - p)``; whether
    ``(b, h, i, j)`` survives is ``dropout_keep(seed, b, h, i, j, H, p)`` below, so every backend
-   drops exactly the same entries and the forward and backward agree;
+   drops exactly the same entries and the forward and backward agree. Without ``dropout_seed`` the seed
+   is :func:`seed_from_query`: a hash of the query's values, so the mask changes whenever the query
+   does (every training step, every layer) and is the same for identical inputs;
 7. ``out = P @ v`` in the dtype of ``query``.
 """
 
@@ -119,8 +123,8 @@ def validate(
             raise ValueError(
                 f"{OP}: cu_seqlens_q/cu_seqlens_k and q_segment_ids/kv_segment_ids both pack sequences; pass one"
             )
-        n = check_cu_seqlens(OP, "cu_seqlens_q", cu_seqlens_q, b)
-        if check_cu_seqlens(OP, "cu_seqlens_k", cu_seqlens_k, b) != n:
+        n = check_cu_seqlens(OP, "cu_seqlens_q", cu_seqlens_q, b, t)
+        if check_cu_seqlens(OP, "cu_seqlens_k", cu_seqlens_k, b, s, "S") != n:
             raise ValueError(
                 f"{OP}: cu_seqlens_q and cu_seqlens_k must have the same length, "
                 f"got {n + 1} and {shape(cu_seqlens_k)[0]}"
@@ -131,8 +135,6 @@ def validate(
     check_soft_cap(OP, logits_soft_cap)
     if not (isinstance(dropout_prob, int | float) and 0.0 <= dropout_prob < 1.0):
         raise ValueError(f"{OP}: dropout_prob must be a float in [0, 1), got {dropout_prob!r}")
-    if dropout_prob > 0 and dropout_seed is None:
-        raise ValueError(f"{OP}: dropout_prob > 0 needs dropout_seed (an int or a scalar integer array)")
     if (
         dropout_seed is not None
         and not isinstance(dropout_seed, int)
@@ -201,6 +203,21 @@ def mix32(x: Any, xp: Any = np) -> Any:
         x = x ^ (x >> 15)
         x = x * xp.uint32(0x846CA68B)
         return x ^ (x >> 16)
+
+
+def seed_from_query(query: Any) -> Any:
+    """The dropout seed of a call that sets ``dropout_prob`` without ``dropout_seed``: a hash of every bit of
+    ``query`` (and of where it sits), as an int32 scalar. Any change of the query changes the mask; the
+    forward, the backward and a rematerialised forward all see the same query, hence the same mask.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    x = jax.lax.stop_gradient(query).astype(jnp.float32)
+    bits = jax.lax.bitcast_convert_type(x, jnp.uint32).reshape(-1)
+    position = jnp.arange(bits.shape[0], dtype=jnp.uint32) * jnp.uint32(0x9E3779B9)
+    h = jnp.sum(mix32(bits ^ position, jnp), dtype=jnp.uint32)  # wraps modulo 2**32
+    return jax.lax.bitcast_convert_type(mix32(h, jnp), jnp.int32)
 
 
 def dropout_keep(seed: Any, b: Any, h: Any, i: Any, j: Any, num_heads: int, p: float, xp: Any = np) -> Any:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._empty import attention_zeros
 from ejkernel.modules.operations.configs import AttentionConfig
 from ejkernel.modules.operations.flash_attention import _kernel as _flash_kernel
 from ejkernel.ops import Kernel
@@ -23,6 +26,13 @@ class Attention(Kernel[AttentionConfig]):
         arguments = _flash_kernel.normalize(arguments)
         arguments["return_weights"] = bool(arguments["return_weights"])
         return arguments
+
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        out = attention_zeros(arguments)  # no queries, or no keys: rows that admit no key give zeros
+        if out is None or not arguments["return_weights"]:
+            return out
+        (b, t, h, _), s = out.shape, arguments["key"].shape[1]
+        return out, jnp.zeros((b, h, t, s), jnp.float32)  # the weights are float32 whatever the inputs
 
 
 _kernel = Attention()
@@ -67,7 +77,8 @@ def attention(
         causal: query i attends keys ``j <= i + S - T`` (bottom-right aligned, as FlashAttention 2).
         sliding_window: ``(left, right)`` keys around the aligned diagonal, or ``w`` for ``(w, w)``.
         logits_soft_cap: ``cap * tanh(scores / cap)`` before masking.
-        dropout_prob, dropout_seed: attention dropout, the same survivors as ``flash_attention`` for a seed.
+        dropout_prob, dropout_seed: attention dropout, the same survivors as ``flash_attention`` for a seed
+            (without one, the seed is derived from the query's values, as ``flash_attention`` does).
         return_weights: also return the attention weights.
         platform: restrict to one kernel platform (``"xla"``, ...); default: any.
         backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.

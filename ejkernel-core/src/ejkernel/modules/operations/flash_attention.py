@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from ejkernel.kernels.signatures.flash_attention import normalize_window
+from ejkernel.kernels.signatures.flash_attention import normalize_window, seed_from_query
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._empty import attention_zeros
 from ejkernel.modules.operations.configs import FlashAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -29,6 +31,8 @@ class FlashAttention(Kernel[FlashAttentionConfig]):
         arguments["dropout_prob"] = float(arguments["dropout_prob"])
         if arguments["dropout_prob"] == 0.0:
             arguments["dropout_seed"] = None  # no dropout: the seed must not split cache entries
+        elif arguments["dropout_seed"] is None:  # a fresh mask whenever the query changes (see the contract)
+            arguments["dropout_seed"] = seed_from_query(arguments["query"])
         return arguments
 
     def make_inputs(self, inv: Invocation, seed: int = 0) -> dict[str, Any]:
@@ -41,6 +45,9 @@ class FlashAttention(Kernel[FlashAttentionConfig]):
             inputs["cu_seqlens_q"] = jax.numpy.asarray(np.linspace(0, t, n + 1).astype(np.int64), cu_q.dtype)
             inputs["cu_seqlens_k"] = jax.numpy.asarray(np.linspace(0, s, n + 1).astype(np.int64), cu_q.dtype)
         return inputs
+
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        return attention_zeros(arguments)  # no queries, or no keys: rows that admit no key give zeros
 
 
 _kernel = FlashAttention()
@@ -86,10 +93,13 @@ def flash_attention(
         causal: query i attends keys ``j <= i + S - T`` (bottom-right aligned, as FlashAttention 2).
         sliding_window: ``(left, right)`` keys around the aligned diagonal, or ``w`` for ``(w, w)``.
         logits_soft_cap: ``cap * tanh(scores / cap)`` before masking.
-        dropout_prob, dropout_seed: attention dropout, the same mask for a seed on every backend.
+        dropout_prob, dropout_seed: attention dropout, the same mask for a seed on every backend. Without a
+            seed, it is derived from the query's values: a new mask whenever the query changes (each training
+            step, each layer), the same in the forward and backward; pass ``dropout_seed`` (e.g. the step
+            number) to choose it.
         cu_seqlens_q, cu_seqlens_k: ``[N+1]`` offsets of packed sequences (B must be 1).
-        platform: restrict to one kernel platform (``"xla"``, ``"triton"``, ...), or to one implementation
-            (``"xla:gpu"``, cuDNN's, beside ``"xla:any"``); default: any.
+        platform: one implementation by name (``"xla"``, ``"cudnn"``, ``"triton"``, ``"mosaic_gpu"``; ``ejkernel
+            info`` lists them), or all of a platform's (``"pallas"``); default: any.
         backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
         cfg: a ``FlashAttentionConfig`` that overrides the config chain (never cached).
         mesh, in_specs, out_specs: run under ``jax.shard_map``; ``in_specs`` has one spec per array passed.

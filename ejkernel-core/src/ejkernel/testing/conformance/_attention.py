@@ -124,7 +124,11 @@ FLASH_OPTION_BAD_INPUTS: list[BadInput] = [
         lambda q, k, v: ((q, k, v), {"attention_mask": jnp.ones((1, 1, 8, 8))}),
         "attention_mask must be bool",
     ),
-    ("dropout_seed", lambda q, k, v: ((q, k, v), {"dropout_prob": 0.1}), "needs dropout_seed"),
+    (
+        "dropout_seed",
+        lambda q, k, v: ((q, k, v), {"dropout_prob": 0.1, "dropout_seed": 0.5}),
+        "dropout_seed must be an int or a scalar integer array",
+    ),
     (
         "dropout_prob",
         lambda q, k, v: ((q, k, v), {"dropout_prob": 1.0, "dropout_seed": 0}),
