@@ -4,12 +4,18 @@ Every check takes the op's name first and raises a ``ValueError`` (a wrong shape
 ``TypeError`` (a wrong dtype or Python type) whose message starts with the op's name and says which
 argument, what was expected and what came. Layouts are written as in the docstrings, ``"[B, T, H, D]"``:
 their axis letters name the axes in messages.
+
+Integer metadata (page tables, lengths, sequence offsets) is checked by value with ``check_values``: at once
+when the values are concrete, and under ``jit`` (traced values) only with ``EJKERNEL_CHECKS=1``.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import Any
 
+import jax
 import numpy as np
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
@@ -113,6 +119,8 @@ def check_query_key_value(
         want = ", ".join([*map(str, k[:-1]), _axes(layouts[2])[-1]])
         raise ValueError(f"{op}: {names[2]} must be {layouts[2]} = [{want}] like {names[1]}, got {list(v)}")
     check_heads(op, q[-2], k[-2], (_axes(layouts[0])[-2], _axes(layouts[1])[-2]))
+    if q[-1] == 0:  # scores of no dims, and a default scale of D ** -0.5 = inf: no attention to speak of
+        raise ValueError(f"{op}: {names[0]} head dim {_axes(layouts[0])[-1]} must be >= 1, got shape {list(q)}")
     return q, k
 
 
@@ -127,12 +135,17 @@ def check_segment_ids(op: str, q_segment_ids: Any, kv_segment_ids: Any, b: int, 
             raise ValueError(f"{op}: {name} must be an integer array of shape {list(want)}, got {describe(x)}")
 
 
-def check_cu_seqlens(op: str, name: str, x: Any, batch: int) -> int:
-    """Packed sequences: ``x`` a 1-D integer array ``[N+1]``, ``N >= 1``, and a batch of 1; returns ``N``."""
+def check_cu_seqlens(op: str, name: str, x: Any, batch: int, length: int, axis: str = "T") -> int:
+    """Packed sequences: ``x`` a 1-D integer array ``[N+1]``, ``N >= 1``, and a batch of 1; returns ``N``.
+
+    Its values (see ``check_values``) must be non-decreasing within ``[0, length]``, ``length`` the size of
+    the packed axis ``axis``.
+    """
     if len(shape(x)) != 1 or shape(x)[0] < 2 or not is_int_array(x):
         raise ValueError(f"{op}: {name} must be a 1-D integer array [N+1] with N >= 1, got {describe(x)}")
     if batch != 1:
-        raise ValueError(f"{op}: with {name} the sequences are packed along T, so batch must be 1, got {batch}")
+        raise ValueError(f"{op}: with {name} the sequences are packed along {axis}, so batch must be 1, got {batch}")
+    check_values(lambda cu: check_offsets(op, name, cu, length, axis), x)
     return shape(x)[0] - 1
 
 
@@ -170,3 +183,99 @@ def check_window(op: str, name: str, window: Any) -> None:
         and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in pair)
     ):
         raise ValueError(f"{op}: {name} must be an int >= 0 or a pair (left, right) of ints >= 0, got {window!r}")
+
+
+# ---- values of integer metadata -------------------------------------------------------------------
+
+
+def concrete(x: Any) -> np.ndarray | None:
+    """The values of ``x`` as a NumPy array when they are known now, else None.
+
+    None for a tracer (under ``jit``, ``vmap``, ``shard_map``), an abstract value (``jax.ShapeDtypeStruct``)
+    or an array spread over other processes. A Python int counts as known.
+    """
+    if isinstance(x, jax.core.Tracer):
+        return None
+    if isinstance(x, jax.Array):
+        return np.asarray(x) if x.is_fully_addressable else None
+    if isinstance(x, np.ndarray | np.generic | int):
+        return np.asarray(x)
+    return None
+
+
+def checks_enabled() -> bool:
+    """``EJKERNEL_CHECKS=1``: check traced integer metadata too (read when a call is traced)."""
+    return os.environ.get("EJKERNEL_CHECKS", "") not in ("", "0", "false", "False")
+
+
+def check_values(check: Callable[..., None], *arrays: Any) -> None:
+    """Run ``check`` (which raises ``ValueError``) on the values of ``arrays``, as NumPy arrays.
+
+    All concrete: now, so an eager call fails before any kernel runs and ``jit`` pays nothing. Some traced:
+    only with ``EJKERNEL_CHECKS=1``, as a ``jax.debug.callback`` that runs with the computation (once per
+    element under ``vmap``); its ``ValueError`` then surfaces as a ``jax.errors.JaxRuntimeError`` that
+    carries the message. (A ``checkify.check`` would refuse to lower unless the caller wrapped the whole
+    computation in ``checkify.checkify``.)
+    """
+    values = [concrete(x) for x in arrays]
+    if all(v is not None for v in values):
+        check(*values)
+    elif checks_enabled() and all(v is not None or isinstance(x, jax.core.Tracer) for x, v in zip(arrays, values)):
+        args = [x if v is None else v for x, v in zip(arrays, values)]
+        jax.debug.callback(lambda *xs: check(*(np.asarray(x) for x in xs)), *args)
+
+
+def first(bad: np.ndarray) -> tuple[int, ...] | None:
+    """The index of the first True of ``bad`` (row-major order), or None."""
+    hits = np.argwhere(bad)
+    return tuple(int(i) for i in hits[0]) if len(hits) else None
+
+
+def check_offsets(op: str, name: str, cu: np.ndarray, length: int, axis: str = "T") -> None:
+    """Offsets of packed sequences (``ValueError``): within ``[0, length]`` and non-decreasing.
+
+    >>> check_offsets("op", "cu_seqlens", np.array([0, 5, 3, 8]), 8)
+    Traceback (most recent call last):
+    ValueError: op: cu_seqlens must be non-decreasing, got cu_seqlens[2] = 3 after cu_seqlens[1] = 5
+    """
+    cu = np.asarray(cu).astype(np.int64)  # uint offsets would wrap in the differences
+    at = first((cu < 0) | (cu > length))
+    if at is not None:
+        raise ValueError(f"{op}: {name}[{at[0]}] = {cu[at]} is outside [0, {axis}] = [0, {length}]")
+    at = first(np.diff(cu) < 0)
+    if at is not None:
+        i = at[0] + 1
+        raise ValueError(
+            f"{op}: {name} must be non-decreasing, got {name}[{i}] = {cu[i]} after {name}[{i - 1}] = {cu[i - 1]}"
+        )
+
+
+def check_pages(
+    op: str,
+    tables_name: str,
+    tables: np.ndarray,
+    lens_name: str,
+    lens: np.ndarray,
+    page: int,
+    num_pages: int,
+) -> None:
+    """A paged cache's metadata (``ValueError``): ``0 <= lens[n] <= M * page``, and the entries of
+    ``tables[n]`` that row ``n`` reads (its first ``ceil(lens[n] / page)``) within ``[0, P)``; the other
+    entries are padding and may hold anything.
+    """
+    lens, tables = np.asarray(lens).astype(np.int64), np.asarray(tables).astype(np.int64)
+    m = tables.shape[1]
+    at = first((lens < 0) | (lens > m * page))
+    if at is not None:
+        raise ValueError(
+            f"{op}: {lens_name}[{at[0]}] = {lens[at]} is outside [0, M * page] = [0, {m * page}] "
+            f"({tables_name} holds M = {m} pages of page = {page} tokens per sequence)"
+        )
+    pages = -(-lens // max(page, 1))  # the pages each row reads
+    at = first((np.arange(m)[None, :] < pages[:, None]) & ((tables < 0) | (tables >= num_pages)))
+    if at is not None:
+        n, c = at
+        raise ValueError(
+            f"{op}: {tables_name}[{n}, {c}] = {tables[at]} is not a page of the cache: row {n} reads its first "
+            f"ceil({lens_name}[{n}] / page) = {pages[n]} entries, which must be in [0, P) = [0, {num_pages})"
+        )

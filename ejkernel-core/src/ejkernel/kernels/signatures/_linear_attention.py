@@ -52,8 +52,8 @@ def check_state_options(
     cu_seqlens: Any,
 ) -> None:
     """``scale``, ``initial_state`` (``[B or N, H, K, V]``), ``output_final_state`` and ``cu_seqlens``."""
-    b, _, h, dk, dv = dims
-    n = b if cu_seqlens is None else check_cu_seqlens(op, "cu_seqlens", cu_seqlens, b)
+    b, t, h, dk, dv = dims
+    n = b if cu_seqlens is None else check_cu_seqlens(op, "cu_seqlens", cu_seqlens, b, t)
     if initial_state is not None:
         want = (n, h, dk, dv)
         if shape(initial_state) != want:

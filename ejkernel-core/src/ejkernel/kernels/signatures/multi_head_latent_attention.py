@@ -11,7 +11,10 @@ Dense (``block_tables`` and ``cache_seqlens`` absent): ``kv`` is ``[B, S, D]``, 
 ``S`` keys. Paged (both given): ``kv`` is a cache ``[P, page, D]``; batch ``b`` has
 ``L_b = cache_seqlens[b]`` keys, key ``j`` is stored at ``kv[block_tables[b, j // page], j % page]``.
 Entries of ``block_tables[b]`` past the first ``ceil(L_b / page)`` are never read (they may hold
-anything); the ones read must lie in ``[0, P)``, and ``0 <= L_b <= maxp * page``.
+anything); the ones read must lie in ``[0, P)``, and ``0 <= L_b <= maxp * page``. Concrete ``block_tables``
+and ``cache_seqlens`` are checked (``ValueError``); under ``jit`` they are traced and unchecked unless
+``EJKERNEL_CHECKS=1`` (then the call fails when it runs), and a bad entry gives a wrong output without an
+error (the XLA implementation clamps page indices into ``[0, P)`` and lengths into ``[0, maxp * page]``).
 
 For query ``i`` and key ``j`` of batch ``b`` (``L = S`` when dense, ``L_b`` when paged):
 
@@ -41,8 +44,10 @@ from ejkernel.kernels.signatures._checks import (
     check_bool,
     check_float,
     check_float_array,
+    check_pages,
     check_same_dtype,
     check_scale,
+    check_values,
     describe,
     is_int_array,
     shape,
@@ -128,6 +133,12 @@ def validate(
             raise ValueError(
                 f"{OP}: cache_seqlens must be an integer array [B] with B={b}, got {describe(cache_seqlens)}"
             )
+        num_pages, page = shape(kv)[:2]
+        check_values(
+            lambda lens, tables: check_pages(OP, "block_tables", tables, "cache_seqlens", lens, page, num_pages),
+            cache_seqlens,
+            block_tables,
+        )
     elif shape(kv)[0] != b:
         raise ValueError(f"{OP}: kv must be [B, S, D] with the batch B={b} of query, got {list(shape(kv))}")
     check_scale(OP, "softmax_scale", softmax_scale)

@@ -21,6 +21,11 @@ Entries of ``block_tables[n]`` past the first ``ceil(L / page)`` are never read 
 positions ``>= L`` (the rest of the last page) never change the output, whatever they hold, NaN included.
 ``query``, ``key_cache`` and ``value_cache`` share one float dtype.
 
+Concrete ``context_lens`` and ``block_tables`` are checked: a length outside ``[0, M * page]`` or a read entry
+outside ``[0, P)`` raises ``ValueError``. Under ``jit`` they are traced and unchecked unless ``EJKERNEL_CHECKS=1``
+(then the call fails when it runs); such an entry gives a wrong output without an error (the XLA implementation
+clamps it: ``>= P`` reads page ``P - 1``, a negative one page 0), as does a length past ``M * page``.
+
 Not differentiable: differentiating a call raises ``TypeError`` (inputs under ``jax.lax.stop_gradient`` pass).
 """
 
@@ -31,6 +36,7 @@ from typing import Any
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.params import BwdParams, FwdParams
+from ejkernel.kernels.signatures._checks import check_pages, check_values, shape
 from ejkernel.kernels.signatures._serving import check_int, check_options, check_paged_cache
 from ejkernel.kernels.signatures._serving import refuse_gradients as refuse_gradients  # for implementations
 
@@ -72,3 +78,9 @@ def validate(
     if check_int(OP, "block_tables", block_tables, (n, None), "[N, M]")[1] == 0:
         raise ValueError(f"{OP}: block_tables needs at least one column (M >= 1), got shape {list(block_tables.shape)}")
     check_options(OP, softmax_scale, logits_soft_cap, sliding_window)
+    num_pages, page = shape(key_cache)[:2]
+    check_values(
+        lambda lens, tables: check_pages(OP, "block_tables", tables, "context_lens", lens, page, num_pages),
+        context_lens,
+        block_tables,
+    )

@@ -22,10 +22,12 @@ Rows owned by no live sequence (``t >= cu_q_lens[n]``: padding) give zeros. Entr
 ``block_tables`` and ``cu_q_lens`` of sequences ``>= n`` are never read and may hold anything, as may
 the entries of ``block_tables[s]`` past the first ``ceil(kv_len / page)``; the entries that are read
 must be in ``[0, P)``. Cache contents at positions ``>= kv_len`` never change the output, NaN included.
-Must hold (not checked, since the values are traced): ``cu_q_lens[0] == 0``, ``cu_q_lens`` non-decreasing
-up to ``cu_q_lens[n] <= T``, ``q_len <= kv_len <= M * page``. ``num_seqs`` is an int array of shape
-``[1]`` (as in JAX) or ``[]``, or a Python int. ``query``, ``key_cache`` and ``value_cache`` share one
-float dtype.
+Must hold: ``num_seqs >= 0``, ``cu_q_lens[0] == 0``, ``cu_q_lens`` non-decreasing up to ``cu_q_lens[n] <= T``,
+``q_len <= kv_len <= M * page``. Concrete metadata is checked (``ValueError`` naming the first bad entry);
+under ``jit`` it is traced and unchecked unless ``EJKERNEL_CHECKS=1`` (then the call fails when it runs), and a
+violation gives a wrong output without an error (the XLA implementation clamps page indices into ``[0, P)``).
+``num_seqs`` is an int array of shape ``[1]`` (as in JAX) or ``[]``, or a Python int. ``query``, ``key_cache``
+and ``value_cache`` share one float dtype.
 
 Not differentiable: differentiating a call raises ``TypeError`` (inputs under ``jax.lax.stop_gradient`` pass).
 """
@@ -34,10 +36,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.params import BwdParams, FwdParams
-from ejkernel.kernels.signatures._checks import describe, is_int_array, shape
+from ejkernel.kernels.signatures._checks import check_offsets, check_pages, check_values, describe, is_int_array, shape
 from ejkernel.kernels.signatures._serving import check_int, check_options, check_paged_cache
 from ejkernel.kernels.signatures._serving import refuse_gradients as refuse_gradients  # for implementations
 
@@ -90,3 +93,45 @@ def validate(
             f"{OP}: num_seqs must be an integer array of shape [1] or [], or an int, got {describe(num_seqs)}"
         )
     check_options(OP, softmax_scale, logits_soft_cap, sliding_window)
+    t = shape(query)[0]
+    num_pages, page = shape(key_cache)[:2]
+    check_values(
+        lambda *values: _check_metadata(*values, t=t, page=page, num_pages=num_pages),
+        kv_lens,
+        block_tables,
+        cu_q_lens,
+        num_seqs,
+    )
+
+
+def _check_metadata(
+    kv_lens: np.ndarray,
+    block_tables: np.ndarray,
+    cu_q_lens: np.ndarray,
+    num_seqs: np.ndarray,
+    *,
+    t: int,
+    page: int,
+    num_pages: int,
+) -> None:
+    """The values of the live sequences' metadata (``ValueError``); those of the other slots are never read."""
+    live = int(num_seqs.reshape(-1)[0])
+    if live < 0:
+        raise ValueError(f"{OP}: num_seqs = {live} must be >= 0 (the number of live sequences)")
+    n = min(live, kv_lens.shape[0])
+    if n == 0:
+        return
+    cu = cu_q_lens[: n + 1].astype(np.int64)
+    if cu[0] != 0:
+        raise ValueError(f"{OP}: cu_q_lens[0] = {cu[0]} must be 0 (the first sequence's query rows start at row 0)")
+    check_offsets(OP, "cu_q_lens", cu, t)
+    kv = kv_lens[:n].astype(np.int64)
+    q_lens = np.diff(cu)
+    at = np.flatnonzero(kv < q_lens)
+    if at.size:
+        s = int(at[0])
+        raise ValueError(
+            f"{OP}: kv_lens[{s}] = {kv[s]} is less than sequence {s}'s query length "
+            f"cu_q_lens[{s + 1}] - cu_q_lens[{s}] = {q_lens[s]} (its queries are the last tokens of its context)"
+        )
+    check_pages(OP, "block_tables", block_tables[:n], "kv_lens", kv, page, num_pages)
