@@ -170,6 +170,8 @@ def paged_items(o: Options, q: jax.Array, key_cache: jax.Array, value_cache: jax
     page indices; ``kv_len [I]``; ``q_pos [I, R]`` absolute position of every row, ``-1`` for padding
     rows. ``kv_tokens``: key block, rounded down to whole pages (at least one); ``chunk``: items at a time.
     """
+    # NumPy caches arrive as NumPy, and NumPy cannot be indexed with the traced page indices below.
+    q, key_cache, value_cache = jnp.asarray(q), jnp.asarray(key_cache), jnp.asarray(value_cache)
     n_items, r, h, d = q.shape
     num_pages, page, kh, _ = key_cache.shape
     dv = value_cache.shape[-1]
@@ -301,6 +303,7 @@ def ragged_paged(o: Options, q: jax.Array, key_cache: jax.Array, value_cache: ja
     Item ``i`` is chunk ``i - first[s]`` of the sequence ``s`` with ``first[s] <= i < first[s + 1]``; there
     are at most ``min(T, (T + S * (rows - 1)) // rows)`` of them (each sequence adds one partial item).
     """
+    q, block_tables = jnp.asarray(q), jnp.asarray(block_tables)  # indexed with tracers below (NumPy cannot be)
     t, h, _ = q.shape
     s = kv_lens.shape[0]
     r = max(1, min(int(rows), t))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -10,6 +11,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from ejkernel.kernels.signatures.block_sparse_attention import block_sparse_mask, normalize_local
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._empty import attention_zeros
 from ejkernel.modules.operations.configs import BlockSparseAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -47,6 +49,9 @@ class BlockSparseAttention(Kernel[BlockSparseAttentionConfig]):
             )
             inputs["block_mask"] = jax.numpy.asarray(np.broadcast_to(band, mask.shape))
         return inputs
+
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        return attention_zeros(arguments)  # no batch or heads (validate refuses T == 0 and S == 0)
 
 
 _kernel = BlockSparseAttention()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -9,6 +10,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._empty import linear_attention_zeros
 from ejkernel.modules.operations.configs import GatedDeltaRuleConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -37,6 +39,9 @@ class GatedDeltaRule(Kernel[GatedDeltaRuleConfig]):
             n, t = cu.shape[0] - 1, inv.arguments["q"].shape[1]
             inputs["cu_seqlens"] = jnp.asarray(np.linspace(0, t, n + 1).astype(np.int64), cu.dtype)
         return inputs
+
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        return linear_attention_zeros(arguments)
 
 
 _kernel = GatedDeltaRule()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
 from jaxtyping import Array, Float, Int
 
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._empty import linear_attention_zeros
 from ejkernel.modules.operations._linear_attention import normalize_scale, timing_inputs
 from ejkernel.modules.operations.configs import GLAConfig
 from ejkernel.ops import Invocation, Kernel
@@ -22,6 +24,9 @@ class GLA(Kernel[GLAConfig]):
 
     def make_inputs(self, inv: Invocation, seed: int = 0) -> dict[str, Any]:
         return timing_inputs(super().make_inputs(inv, seed), inv, ("g",))
+
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        return linear_attention_zeros(arguments)
 
 
 _kernel = GLA()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -10,6 +11,7 @@ from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.signatures.grouped_matmul import canonical_dtype
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._empty import zeros_if_empty
 from ejkernel.modules.operations.configs import GroupedMatmulConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -33,6 +35,12 @@ class GroupedMatmul(Kernel[GroupedMatmulConfig]):
             even = np.full(g, m // g, np.int64) + (np.arange(g) < m % g)
             inputs["group_sizes"] = jax.numpy.asarray(even, sizes.dtype)
         return inputs
+
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        lhs, rhs = arguments["lhs"], arguments["rhs"]
+        n = rhs.shape[1 if arguments["transpose_rhs"] else 2]
+        dtype = arguments["preferred_element_type"] or lhs.dtype
+        return zeros_if_empty((lhs.shape[0], n), dtype, lhs.shape[1] == 0)  # K == 0: empty sums
 
 
 _kernel = GroupedMatmul()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -9,6 +10,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._empty import zeros_if_empty
 from ejkernel.modules.operations.configs import MeanPoolingConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -25,6 +27,11 @@ class MeanPooling(Kernel[MeanPoolingConfig]):
             n, t = cu.shape[0] - 1, inv.arguments["x"].shape[1]
             inputs["cu_seqlens"] = jax.numpy.asarray(np.linspace(0, t, n + 1).astype(np.int64), cu.dtype)
         return inputs
+
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        x, cu = arguments["x"], arguments["cu_seqlens"]
+        b, t, d = x.shape
+        return zeros_if_empty((b if cu is None else cu.shape[0] - 1, d), x.dtype, t == 0)  # T == 0: zeros
 
 
 _kernel = MeanPooling()

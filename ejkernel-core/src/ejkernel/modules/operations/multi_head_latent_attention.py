@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -10,6 +11,7 @@ from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.signatures.multi_head_latent_attention import resolve_latent_dim
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._empty import zeros_if_empty
 from ejkernel.modules.operations.configs import MultiHeadLatentAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -38,6 +40,12 @@ class MultiHeadLatentAttention(Kernel[MultiHeadLatentAttentionConfig]):
             lens = inv.arguments["cache_seqlens"]
             inputs["cache_seqlens"] = jax.numpy.full(lens.shape, maxp * page, lens.dtype)
         return inputs
+
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        query, kv, tables = arguments["query"], arguments["kv"], arguments["block_tables"]
+        # No keys: a dense kv of S == 0, or a paged cache that can hold none (no page, no token, no table column).
+        no_keys = kv.shape[1] == 0 if tables is None else 0 in (*kv.shape[:2], tables.shape[1])
+        return zeros_if_empty((*query.shape[:-1], arguments["latent_dim"]), query.dtype, no_keys)
 
 
 _kernel = MultiHeadLatentAttention()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -9,6 +10,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._empty import attention_zeros
 from ejkernel.modules.operations.configs import NativeSparseAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -48,6 +50,9 @@ class NativeSparseAttention(Kernel[NativeSparseAttentionConfig]):
         if isinstance(counts, jax.ShapeDtypeStruct):
             inputs["block_counts"] = jax.numpy.full(counts.shape, a["block_indices"].shape[-1], counts.dtype)
         return inputs
+
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        return attention_zeros(arguments)  # no batch or heads (validate refuses T == 0 and S == 0)
 
 
 _kernel = NativeSparseAttention()

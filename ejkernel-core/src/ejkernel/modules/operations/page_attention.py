@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -11,6 +12,7 @@ from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.signatures._serving import normalize_options, refuse_gradients
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._empty import zeros_if_empty
 from ejkernel.modules.operations.configs import PageAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -32,6 +34,10 @@ class PageAttention(Kernel[PageAttentionConfig]):
         inputs["block_tables"] = jnp.asarray(tables, inv.arguments["block_tables"].dtype)
         inputs["context_lens"] = jnp.asarray(lens, inv.arguments["context_lens"].dtype)
         return inputs
+
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        query, value_cache = arguments["query"], arguments["value_cache"]
+        return zeros_if_empty((*query.shape[:-1], value_cache.shape[-1]), query.dtype)  # no sequences (N == 0)
 
 
 _kernel = PageAttention()

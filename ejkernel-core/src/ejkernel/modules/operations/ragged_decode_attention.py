@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -11,6 +12,7 @@ from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.signatures._serving import normalize_options, refuse_gradients
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._empty import attention_zeros
 from ejkernel.modules.operations.configs import RaggedDecodeAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -31,6 +33,9 @@ class RaggedDecodeAttention(Kernel[RaggedDecodeAttentionConfig]):
         inputs["sequence_start"] = jnp.zeros((b,), inv.arguments["sequence_start"].dtype)
         inputs["sequence_end"] = jnp.asarray(ends, inv.arguments["sequence_end"].dtype)
         return inputs
+
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        return attention_zeros(arguments)  # no rows (B == 0), or no cache (S == 0): every range is empty
 
 
 _kernel = RaggedDecodeAttention()

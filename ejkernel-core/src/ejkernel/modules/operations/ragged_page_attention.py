@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -11,6 +12,7 @@ from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.signatures._serving import normalize_options, refuse_gradients
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._empty import zeros_if_empty
 from ejkernel.modules.operations.configs import RaggedPageAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -39,6 +41,12 @@ class RaggedPageAttention(Kernel[RaggedPageAttentionConfig]):
         ns = inv.arguments["num_seqs"]
         inputs["num_seqs"] = jnp.full(ns.shape, s, ns.dtype)
         return inputs
+
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        query, value_cache = arguments["query"], arguments["value_cache"]
+        # No rows (T == 0), or no sequence slots (S == 0): every row is padding, which gives zeros.
+        no_seqs = arguments["kv_lens"].shape[0] == 0
+        return zeros_if_empty((*query.shape[:-1], value_cache.shape[-1]), query.dtype, no_seqs)
 
 
 _kernel = RaggedPageAttention()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -12,6 +13,7 @@ from ejkernel.kernels.registry import Implementation
 from ejkernel.kernels.signatures.flash_attention import normalize_window
 from ejkernel.kernels.signatures.ring_attention import layout_permutation
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._empty import attention_zeros
 from ejkernel.modules.operations.configs import RingAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -38,6 +40,9 @@ class RingAttention(Kernel[RingAttentionConfig]):
         if inv.arguments.get("axis_name") is not None:
             return []
         return super().candidate_cfgs(inv, impl, stage)
+
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        return attention_zeros(arguments)  # no queries, or no keys: rows that admit no key give zeros
 
 
 _kernel = RingAttention()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -9,6 +10,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from ejkernel.kernels.signatures.flash_attention import normalize_window
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._empty import attention_zeros
 from ejkernel.modules.operations.configs import ScaledDotProductAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -34,6 +36,9 @@ class ScaledDotProductAttention(Kernel[ScaledDotProductAttentionConfig]):
             if isinstance(x, jax.ShapeDtypeStruct):
                 inputs[name] = jax.numpy.full(x.shape, inv.arguments[axis].shape[1], x.dtype)
         return inputs
+
+    def empty_result(self, arguments: Mapping[str, Any]) -> Any:
+        return attention_zeros(arguments)  # no queries, or no keys: rows that admit no key give zeros
 
 
 _kernel = ScaledDotProductAttention()
