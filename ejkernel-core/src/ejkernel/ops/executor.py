@@ -1,4 +1,4 @@
-"""``Executor``: validates a call, resolves its config through the chain and runs it under ``jax.custom_vjp``."""
+"""``Executor``: validates a call, resolves its config through the chain and runs it, differentiable in both modes."""
 
 from __future__ import annotations
 
@@ -9,10 +9,11 @@ from typing import Any
 
 import jax
 
-from ejkernel.kernels._types import current_backend
+from ejkernel.kernels._types import check_backend, current_backend
 from ejkernel.kernels.registry import Implementation, KernelRegistry, kernel_registry
+from ejkernel.ops._forward_mode import call_tangent
 from ejkernel.ops.config.base import BaseOperationConfig
-from ejkernel.ops.config.chain import ConfigSelectorChain, Selection, default_chain
+from ejkernel.ops.config.chain import ConfigError, ConfigSelectorChain, Selection, default_chain
 from ejkernel.ops.config.fingerprint import fingerprint_id, stable_hash
 from ejkernel.ops.config.persistent import cache_dir
 from ejkernel.ops.core import Kernel
@@ -88,15 +89,22 @@ class Executor:
         platform = (
             platform if platform not in (None, "auto") else (cfg.platform if cfg and cfg.platform != "auto" else None)
         )
+        backend = None if backend is None else check_backend(backend, f"{kernel.op_id}: backend")
         backend = backend if backend not in (None, "auto") else (cfg.backend if cfg and cfg.backend != "auto" else None)
         run_on = backend or current_backend()
         inv = Invocation.create(kernel.op_id, arguments, run_on)
-        # "platform:backend" names one implementation exactly (e.g. "xla:any" vs cuDNN's "xla:gpu").
+        # An implementation's name ("cudnn"), a platform ("xla": all of its own), or "platform:backend".
         platform, _, registered_for = (platform or "").partition(":")
+        if registered_for:
+            where = f"{kernel.op_id}: the backend of platform={platform + ':' + registered_for!r}"
+            registered_for = check_backend(registered_for, where, auto=False)
         impls = self.registry.implementations(kernel.op_id, platform=platform or None, backend=run_on)
         if registered_for:
             impls = [i for i in impls if i.backend == registered_for]
-        forced = f"platform {platform + (':' + registered_for if registered_for else '')!r}" if platform else None
+        asked = platform + (":" + registered_for if registered_for else "")
+        forced = f"platform {asked!r}" if platform else None
+        if forced and not impls:  # the registry tells an unknown platform from one for another backend
+            raise ConfigError(self.registry.explain_missing(kernel.op_id, asked, run_on))
 
         dynamic = {k: v for k, v in arguments.items() if is_array(v)}
         static = {k: v for k, v in arguments.items() if k not in dynamic}
@@ -136,22 +144,20 @@ class Executor:
             with jax.named_scope(scope):
                 return call(dyn, sel.impl, sel.params, bwd_params)
 
-        @jax.custom_vjp
+        @jax.custom_jvp
         def op(dyn: Mapping[str, Any]) -> Any:
             return primal(dyn, fwd, None)
 
-        def op_fwd(dyn: Mapping[str, Any]) -> Any:
+        def op_jvp(primals: tuple[Any, ...], tangents: tuple[Any, ...]) -> Any:
             # Only reached when the call is differentiated: the implementation is chosen again by
             # forward+backward time ("train"; the same as "fwd" unless autotuning), then its backward's
-            # parameters.
+            # parameters. Its VJP is the transpose of the tangent, so reverse mode runs the kernel's backward.
+            (dyn,), (tan,) = primals, tangents
             kw: dict[str, Any] = dict(override=cfg, forced=forced, timing_fn=timing_fn, make_args=make_args)
             train = chain.select(kernel, inv, "train", impls, **kw)
             bwd = chain.select(kernel, inv, "bwd", impls, fwd=train, **kw)
             out, vjp = jax.vjp(lambda d: primal(d, train, bwd.params), dyn)
-            return out, vjp
+            return out, call_tangent(lambda p, t: kernel.tangent({**static, **p}, t), dyn, tan, out, vjp)
 
-        def op_bwd(vjp: Any, g: Any) -> Any:
-            return vjp(g)
-
-        op.defvjp(op_fwd, op_bwd)
+        op.defjvp(op_jvp, symbolic_zeros=True)
         return op(dynamic)
