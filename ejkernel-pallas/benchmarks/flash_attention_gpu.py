@@ -3,9 +3,10 @@
 Peers, on the same inputs in the same process: cuDNN through ``jax.nn.dot_product_attention`` and
 JAX's own Mosaic GPU kernel (``jax.experimental.pallas.ops.gpu.attention_mgpu``, given ``q * scale``:
 it has no scale argument). Each timed output is first checked against a float32 reference on a
-slice of heads (relative error; NaN fails). Timing: one sample is ``--calls`` back-to-back calls
-(dispatch overlaps the GPU work) after a warm-up call; the peers take turns, ``--samples`` rounds,
-and each reports its median (and the spread of its samples).
+slice of heads (relative error; NaN fails). Timing: the core's timer (``ejkernel.ops.timing``, as the
+autotuner times) prepares each peer (compiled, warmed, its calls looped on the device where one is
+short); one sample is a burst of launches less one launch (the fixed cost of a launch cancels); the
+peers take turns, ``--samples`` rounds, and each reports its median (and the spread of its samples).
 FLOPs: ``4·B·H·T·S·D``, halved when causal.
 
     python ejkernel-pallas/benchmarks/flash_attention_gpu.py --out bench-results/flash_attention_pallas_gpu.json
@@ -17,7 +18,6 @@ import argparse
 import json
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ejkernel.ops import timing
 from ejkernel.ops.utils.datacarrier import FwdParams
 
 from ejkernel_pallas.gpu.flash_attention import flash_attention
@@ -54,18 +55,6 @@ def rel_err(got: Any, want: Any) -> float:
     if not np.all(np.isfinite(got)):
         return float("inf")
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
-
-
-def time_fn(fn: Callable[..., Any], args: tuple[Any, ...], calls: int, samples: int) -> float:
-    """Median seconds per call (after one warm-up call)."""
-    jax.block_until_ready(fn(*args))
-    per_call = []
-    for _ in range(samples):
-        start = time.perf_counter()
-        outs = [fn(*args) for _ in range(calls)]
-        jax.block_until_ready(outs)
-        per_call.append((time.perf_counter() - start) / calls)
-    return statistics.median(per_call)
 
 
 def peers(causal: bool, d: int, variants: list[tuple[int, int]]) -> dict[str, Callable[..., Any]]:
@@ -99,8 +88,7 @@ def main() -> None:
     parser.add_argument("--dtypes", default=",".join(DTYPES))
     parser.add_argument("--causal", default="0,1", help="0, 1 or 0,1")
     parser.add_argument("--variants", default="", help="extra launch configs of ours, e.g. 128:3,64:3")
-    parser.add_argument("--calls", type=int, default=10)
-    parser.add_argument("--samples", type=int, default=7)
+    parser.add_argument("--samples", type=int, default=20)
     args = parser.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     variants = [(int(a), int(b)) for a, b in (v.split(":") for v in args.variants.split(",") if v)]
@@ -112,7 +100,7 @@ def main() -> None:
                 q, k, v = inputs(b, h, t, d, dtype)
                 want = jax.jit(reference_slice, static_argnums=3)(q, k, v, causal)
                 flops = 4.0 * b * h * t * t * d * (0.5 if causal else 1.0)
-                todo: dict[str, tuple[Any, dict[str, Any]]] = {}
+                todo: dict[str, tuple[timing.Runner, dict[str, Any]]] = {}
                 these: list[dict[str, Any]] = []
                 for name, fn in peers(causal, d, variants if (b, h, t, d) == shapes[0] else []).items():
                     row: dict[str, Any] = {"peer": name, "B": b, "H": h, "T": t, "D": d, "causal": causal}
@@ -122,7 +110,9 @@ def main() -> None:
                         got = f(q, k, v)
                         row["rel_err"] = err = rel_err(got[:1, :, :2], want)
                         if err < (2e-2 if dtype == "bfloat16" else 4e-3):
-                            todo[name] = (f, row)
+                            runner = timing.prepare(f, q, k, v)
+                            runner.warm()
+                            todo[name] = (runner, row)
                         else:
                             row["error"] = f"wrong result: relative error {err:.3g}"
                     except Exception as e:  # noqa: BLE001 - a failing peer is a result too
@@ -131,9 +121,9 @@ def main() -> None:
                 # Rounds over the peers in turn, so that drift (clocks, heat) touches them alike.
                 samples: dict[str, list[float]] = {name: [] for name in todo}
                 for _ in range(args.samples):
-                    for name, (f, _row) in todo.items():
-                        samples[name].append(time_fn(f, (q, k, v), args.calls, 1))
-                for name, (_f, row) in todo.items():
+                    for name, (runner, _row) in todo.items():
+                        samples[name].append(runner.sample())
+                for name, (_runner, row) in todo.items():
                     secs = statistics.median(samples[name])
                     row["ms"] = secs * 1e3
                     row["tflops"] = flops / secs / 1e12

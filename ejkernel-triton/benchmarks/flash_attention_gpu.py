@@ -3,7 +3,10 @@
 Peers: cuDNN and XLA through ``jax.nn.dot_product_attention``, JAX's Pallas Triton (``mha``) and
 Mosaic GPU (``attention_mgpu``) kernels, and the published ejkernel 0.0.80.3 (it shares our import
 name, so it runs in a child process from ``--old-ejkernel-path`` on the same seeded inputs).
-Every timed output is checked against a float32 reference first (relative error, NaN fails).
+Every timed output is checked against a float32 reference first (relative error, NaN fails), then timed
+with the core's timer (``ejkernel.ops.timing.measure``, as the autotuner times): the median of up to 25
+samples, each bursts of launches with the fixed cost of a launch cancelled, calls looped on the device
+where one call is short; ``spread_pct`` is the samples' interquartile range over their median.
 
 FLOPs: forward ``4·B·H·T·S·D`` (halved when causal), forward+backward 3.5× that.
 
@@ -13,13 +16,15 @@ FLOPs: forward ``4·B·H·T·S·D`` (halved when causal), forward+backward 3.5×
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import jax
@@ -44,16 +49,25 @@ def flops(b: int, h: int, t: int, d: int, causal: bool, bwd: bool) -> float:
     return f * (3.5 if bwd else 1.0)
 
 
-def time_fn(fn: Callable[..., Any], *args: Any, iters: int = 20) -> float:
-    """Median seconds of ``iters`` runs after two warm-ups (compilation excluded)."""
-    for _ in range(2):
-        jax.block_until_ready(fn(*args))
-    samples = []
-    for _ in range(iters):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples)
+BUDGET_S = 1.0  # device time of one measurement's samples
+TIMING_PATH_ENV = "EJKERNEL_BENCH_TIMING_PATH"
+
+
+@functools.cache
+def timing() -> ModuleType:
+    """The core's timer module. The child that runs the published ejkernel (which has the same import
+    name and no such module) loads it from the file its parent names in ``EJKERNEL_BENCH_TIMING_PATH``."""
+    path = os.environ.get(TIMING_PATH_ENV)
+    if not path:
+        from ejkernel.ops import timing as module
+
+        return module
+    spec = importlib.util.spec_from_file_location("ejkernel_bench_timing", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses looks its module up
+    spec.loader.exec_module(module)
+    return module
 
 
 def rel_err(got: Any, want: Any) -> float:
@@ -149,9 +163,10 @@ def measure(
         if not err < 2e-2:
             row["error"] = f"wrong result: relative error {err:.3g}"
             return row
-        secs = time_fn(f, q, k, v)
-        row["ms"] = secs * 1e3
-        row["tflops"] = flops(b, h, t, d, causal, bwd) / secs / 1e12
+        m = timing().measure(f, q, k, v, budget_s=BUDGET_S)
+        row["ms"] = m.seconds * 1e3
+        row["tflops"] = flops(b, h, t, d, causal, bwd) / m.seconds / 1e12
+        row["spread_pct"] = round(100 * m.spread, 2)
     except Exception as e:  # noqa: BLE001 - a failing peer is a result too
         row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:600]}"
     row["wall_s"] = time.perf_counter() - started
@@ -160,7 +175,7 @@ def measure(
 
 def old_ejkernel_rows(path: str, shapes: str | None) -> list[dict[str, Any]]:
     """Run the published ejkernel in a child process (it is also called ``ejkernel``)."""
-    env = {**os.environ, "PYTHONPATH": path}
+    env = {**os.environ, "PYTHONPATH": path, TIMING_PATH_ENV: timing().__file__}
     cmd = [sys.executable, __file__, "--as-old-ejkernel"] + (["--shapes", shapes] if shapes else [])
     run = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     if run.returncode != 0:

@@ -8,9 +8,9 @@ queries, the dQ kernel the transpose) as forward+backward with the forward at it
 each backward kernel alone (delta pre-pass, dK/dV, dQ).
 
 Method and FLOPs as ``flash_attention_gpu.py`` (whose helpers this imports): inputs seeded the same
-way, every timed output checked against the float32 reference first, two warm-ups then the median of
-20 calls with ``block_until_ready``. Candidates are ``BMxBNxWARPSxSTAGES``. Rows go to ``--out``
-(JSON, rewritten after each row) and the best of each kind is printed last.
+way, every timed output checked against the float32 reference first, then timed with the core's timer
+(``ejkernel.ops.timing.measure``, as the autotuner times). Candidates are ``BMxBNxWARPSxSTAGES``. Rows
+go to ``--out`` (JSON, rewritten after each row) and the best of each kind is printed last.
 
     python ejkernel-triton/benchmarks/sweep_flash_attention.py --shapes 2x16x8192x128 --out sweep.json
 """
@@ -28,8 +28,10 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ejkernel.ops import timing
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from flash_attention_gpu import flops, inputs, reference, reference_loss, time_fn  # noqa: E402
+from flash_attention_gpu import BUDGET_S, flops, inputs, reference, reference_loss  # noqa: E402
 
 Cand = tuple[int, int, int, int]
 
@@ -94,7 +96,7 @@ def kernel_parts(causal: bool, bwd: Cand, q: jax.Array, k: jax.Array, v: jax.Arr
         "dkdv_ms": (jax.jit(lambda res, do, delta: itf._bwd_dkdv(cfg, res, do, delta)), (res, do, delta)),
         "dq_ms": (jax.jit(lambda res, do, delta: itf._bwd_dq(cfg, res, do, delta)), (res, do, delta)),
     }
-    return {name: time_fn(f, *args) * 1e3 for name, (f, args) in fns.items()}
+    return {name: timing.measure(f, *args, budget_s=BUDGET_S).seconds * 1e3 for name, (f, args) in fns.items()}
 
 
 class Sweep:
@@ -132,9 +134,10 @@ class Sweep:
             if not err < 2e-2:
                 row["error"] = f"wrong result: relative error {err:.3g}"
             else:
-                secs = time_fn(f, q, k, v)
-                row["ms"] = secs * 1e3
-                row["tflops"] = flops(b, h, t, d, causal, bwd) / secs / 1e12
+                m = timing.measure(f, q, k, v, budget_s=BUDGET_S)
+                row["ms"] = m.seconds * 1e3
+                row["tflops"] = flops(b, h, t, d, causal, bwd) / m.seconds / 1e12
+                row["spread_pct"] = round(100 * m.spread, 2)
         except Exception as e:  # noqa: BLE001 - a failing candidate is a result too
             row["error"] = f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"
         row["wall_s"] = round(time.perf_counter() - started, 2)

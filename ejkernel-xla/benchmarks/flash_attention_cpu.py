@@ -3,8 +3,9 @@
     python ejkernel-xla/benchmarks/flash_attention_cpu.py [--out bench-results/flash_attention_cpu.json]
 
 1. Forward time, B=1, H=8, D=64, float32, causal and not, at T=S in ``--lengths``: the blockwise
-   implementation vs ``jax.nn.dot_product_attention(implementation="xla")`` (median of ``--repeats``
-   runs after a warm-up; the two outputs are checked against each other).
+   implementation vs ``jax.nn.dot_product_attention(implementation="xla")`` (the core's timer,
+   ``ejkernel.ops.timing``: the median of ``--repeats`` samples after a warm-up; the two outputs are checked
+   against each other).
 2. Forward+backward memory vs T (``--mem-lengths``) from the compiled programs' ``memory_analysis()``
    (arguments + outputs + temporaries), for both implementations (compiled only, never run).
 3. Forward+backward actually run at ``--run-lengths``, causal and not, each in a fresh process whose
@@ -28,8 +29,8 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from ejkernel.ops.timing import measure
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_xla.flash_attention import flash_attention
@@ -55,12 +56,7 @@ def inputs(t: int) -> tuple[jax.Array, ...]:
 
 def timeit(fn: Any, args: tuple[Any, ...], repeats: int) -> tuple[float, Any]:
     out = jax.block_until_ready(fn(*args))  # compile + warm-up
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times)), out
+    return measure(fn, *args, samples=repeats, min_samples=repeats).seconds, out
 
 
 def fwd_bwd(fn: Any) -> Any:

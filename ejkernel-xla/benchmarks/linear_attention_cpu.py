@@ -10,8 +10,8 @@ context, the last row is the same recurrence differentiated by JAX's autodiff (t
 implementation: ``lax.scan`` storing every state). For every path:
 
 1. forward time and forward+backward time (gradients of q, k, v, g and the initial state, jitted), the
-   median of ``--repeats`` runs after a warm-up; the paths take turns within each repeat so that a busy
-   machine slows them alike;
+   median of ``--repeats`` samples of the core's timer (``ejkernel.ops.timing``, as the autotuner times)
+   after a warm-up; the paths take turns within each repeat so that a busy machine slows them alike;
 2. the largest relative error of the output, the final state and the gradients against the reference;
 3. the forward+backward program's memory from ``memory_analysis()`` (arguments + outputs + temporaries).
 
@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ejkernel.ops import timing
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 from ejkernel.testing import reference
 
@@ -109,18 +109,19 @@ def main() -> None:
         chunks = [1, *a.chunks, REFERENCE]
         fwd = {c: jax.jit(path(c)) for c in chunks}
         both = {c: fwd_bwd(path(c)) for c in chunks}
-        outs, grads, mem = {}, {}, {}
+        outs, grads, mem, runners = {}, {}, {}, {}
         for c in chunks:
             outs[c] = jax.block_until_ready(fwd[c](*args))  # compile + warm-up
             grads[c] = jax.block_until_ready(both[c](*args))
             mem[c] = memory(both[c].lower(*args).compile())
+            for name, fn in (("fwd", fwd[c]), ("fwd_bwd", both[c])):
+                runners[name, c] = timing.prepare(fn, *args)
+                runners[name, c].warm()
         times: dict[str, dict[int, list[float]]] = {"fwd": {c: [] for c in chunks}, "fwd_bwd": {c: [] for c in chunks}}
         for _ in range(a.repeats):
             for c in chunks:
-                for name, fn in (("fwd", fwd[c]), ("fwd_bwd", both[c])):
-                    t0 = time.perf_counter()
-                    jax.block_until_ready(fn(*args))
-                    times[name][c].append(time.perf_counter() - t0)
+                for name in ("fwd", "fwd_bwd"):
+                    times[name][c].append(runners[name, c].sample())
         med = {name: {c: float(np.median(v)) for c, v in per.items()} for name, per in times.items()}
 
         print(f"\ngla, B={B} H={H} T={t} K={K} V={V} float32, median of {a.repeats} runs (ms)")

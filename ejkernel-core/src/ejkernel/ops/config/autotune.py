@@ -2,6 +2,8 @@
 
 Timing happens in a worker thread: JAX's tracing state is thread-local, so candidates run as real
 computations on concrete arrays even when the op is being traced under ``jit``, ``grad`` or ``vmap``.
+Each candidate is timed by :func:`ejkernel.ops.timing.measure`: its calls looped on the device in one
+compiled program, so that a decode kernel of ~20 µs is timed, not its dispatch.
 """
 
 from __future__ import annotations
@@ -9,13 +11,12 @@ from __future__ import annotations
 import concurrent.futures
 import dataclasses
 import os
-import statistics
 import sys
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
+from ejkernel.ops import timing
+from ejkernel.ops.timing import Measurement
 
 
 @dataclasses.dataclass
@@ -23,6 +24,7 @@ class Timing:
     label: str
     seconds: float | None  # None: the candidate failed
     error: str | None = None
+    measurement: Measurement | None = None  # the samples behind ``seconds``: spread, calls per launch, method
 
 
 class AutotuneError(RuntimeError):
@@ -34,23 +36,38 @@ def _log_enabled() -> bool:
 
 
 class Autotuner:
-    """Times each candidate ``warmup`` times untimed (compilation included), then ``iters`` times; keeps the median."""
+    """Times each candidate with :func:`ejkernel.ops.timing.measure`; keeps the one of least median time.
 
-    def __init__(self, warmup: int = 1, iters: int = 5) -> None:
-        self.warmup = warmup
-        self.iters = iters
+    ``budget_s`` bounds each candidate's timed device work (compilation aside): a slow candidate gets
+    fewer samples, down to ``min_samples``; ``target_s`` is the device time of one timed launch.
+    """
+
+    def __init__(
+        self,
+        budget_s: float = timing.BUDGET_S,
+        samples: int = timing.SAMPLES,
+        min_samples: int = timing.MIN_SAMPLES,
+        target_s: float = timing.TARGET_S,
+    ) -> None:
+        self.budget_s = budget_s
+        self.samples = samples
+        self.min_samples = min_samples
+        self.target_s = target_s
         self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="ejkernel-autotune")
 
+    def measure(self, fn: Callable[..., Any], args: Sequence[Any]) -> Measurement:
+        return timing.measure(
+            fn,
+            *args,
+            target_s=self.target_s,
+            samples=self.samples,
+            min_samples=self.min_samples,
+            budget_s=self.budget_s,
+        )
+
     def time_one(self, fn: Callable[..., Any], args: Sequence[Any]) -> float:
-        compiled = jax.jit(fn)
-        for _ in range(self.warmup):
-            jax.block_until_ready(compiled(*args))
-        samples = []
-        for _ in range(self.iters):
-            start = time.perf_counter()
-            jax.block_until_ready(compiled(*args))
-            samples.append(time.perf_counter() - start)
-        return statistics.median(samples)
+        """Median seconds per call of ``fn(*args)``."""
+        return self.measure(fn, args).seconds
 
     def tune(
         self,
@@ -74,14 +91,23 @@ class Autotuner:
         progress = len(candidates) > 4 and sys.stderr.isatty()
         timings = []
         for n, (label, fn) in enumerate(candidates, 1):
+            m: Measurement | None = None
             try:
-                seconds: float | None = self.time_one(fn, args)
+                m = self.measure(fn, args)
+                seconds: float | None = m.seconds
                 error = None
             except Exception as e:  # a candidate that does not compile or run is skipped, and reported
                 seconds, error = None, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-            timings.append(Timing(label, seconds, error))
+            timings.append(Timing(label, seconds, error, m))
             if log:
-                what = f"{seconds * 1e3:9.3f} ms" if seconds is not None else f"failed: {error}"
+                if m is not None:
+                    what = (
+                        f"{m.seconds * 1e3:9.4f} ms (spread {m.spread:.1%}, {len(m.samples)} samples of "
+                        f"{m.launches} x {m.calls} calls"
+                        f"{', ' + m.note if m.note else ''})"
+                    )
+                else:
+                    what = f"failed: {error}"
                 print(f"ejkernel autotune {title} [{n}/{len(candidates)}] {label}: {what}", file=sys.stderr)
             elif progress:
                 done = n * 30 // len(candidates)
