@@ -24,6 +24,7 @@ if importlib.util.find_spec("ejkernel_pallas") is None:
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
+from ejkernel.device import first_gpu  # noqa: E402
 from ejkernel.ops import Invocation  # noqa: E402
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams  # noqa: E402
 from ejkernel.testing.conformance._harness import FWD_RTOL, GRAD_RTOL, assert_close, fresh_key  # noqa: E402
@@ -31,16 +32,7 @@ from ejkernel.testing.reference import flash_attention as reference  # noqa: E40
 
 from ejkernel_pallas.gpu import flash_attention as gpu_fa  # noqa: E402
 
-
-def _hopper() -> bool:
-    try:
-        devices = jax.devices("gpu")
-    except RuntimeError:
-        return False
-    return bool(devices) and float(getattr(devices[0], "compute_capability", 0) or 0) >= 9.0
-
-
-ON_GPU = _hopper()
+ON_GPU = (gpu := first_gpu()) is not None and gpu.has_capability(9, 0)  # a Hopper (or newer) GPU
 # The kernel under test: compiled on a Hopper GPU, else in JAX's Mosaic GPU interpret mode.
 KERNEL = gpu_fa.flash_attention if ON_GPU else gpu_fa.flash_attention_interpret
 

@@ -378,7 +378,7 @@ def test_custom_vjp_under_jit_default_params(rng):
 
 
 def test_vmap_and_grad_of_vmap(rng):
-    # jax-triton's primitive refuses vmap; launch() batches by looping (lax.map) in both modes
+    # jax-triton's primitive refuses vmap: the interface folds the vmapped axis into the batch (k, v broadcast)
     q = _normal(rng, (3, 1, 17, 2, 16))  # vmapped axis first; k, v shared (not batched)
     k, v = _normal(rng, (1, 21, 1, 16)), _normal(rng, (1, 21, 1, 16))
     f = lambda q: flash_attention(q, k, v, causal=True, fwd_params=FP, bwd_params=BP)  # noqa: E731
@@ -386,6 +386,54 @@ def test_vmap_and_grad_of_vmap(rng):
     _close("vmap out", jax.vmap(f)(q), jax.vmap(r)(q), jnp.float32, rng)
     g = jax.grad(lambda q: (jax.vmap(f)(q) ** 2).sum())(q)
     _close("grad of vmap", g, jax.grad(lambda q: (jax.vmap(r)(q) ** 2).sum())(q), jnp.float32, rng)
+
+
+def _vmapped_grads(f, g, in_axes, *args):
+    """``vmap(f, in_axes)`` and its gradients in q, k, v, bias against the cotangent ``g``."""
+    loss = lambda *a: (jax.vmap(f, in_axes)(*a).astype(jnp.float32) * g).sum()  # noqa: E731
+    return jax.vmap(f, in_axes)(*args), jax.grad(loss, argnums=(0, 1, 2, 3))(*args)
+
+
+@pytest.mark.parametrize("case", ["per_row", "shared_bias", "dropout"])
+def test_vmap_folds_into_the_batch(rng, monkeypatch, case):
+    # per_row: every kernel launches once over the V * B folded rows (bias and segment ids per row).
+    # shared_bias: a bias shared by the batch ([1, ...] against B > 1) folds in the forward, but its
+    # gradient is a sum over the batch: the backward runs per element. dropout: the hash reads the
+    # batch index, so every launch runs per element.
+    v_, b, t, s, h = 2, 2, 17, 21, 2
+    batches: list = []  # the batch (first array's leading dim) of every launch the interpreter ran
+    real_callback = jax.pure_callback
+
+    def recording_callback(host, *a, **kw):
+        return real_callback(lambda *xs: batches.append(xs[0].shape[0]) or host(*xs), *a, **kw)
+
+    monkeypatch.setattr(jax, "pure_callback", recording_callback)
+    q, k, v = (x.reshape(v_, b, *x.shape[1:]) for x in _qkv(rng, v_ * b, t, s, h, 1, 16))
+    kw: dict = dict(causal=True)
+    if case == "per_row":
+        bias = _normal(rng, (v_, b, 1, t, s))
+        q_seg = jnp.sort(jnp.asarray(rng.integers(0, 2, (v_, b, t)), jnp.int32), axis=-1)
+        kv_seg = jnp.sort(jnp.asarray(rng.integers(0, 2, (v_, b, s)), jnp.int32), axis=-1)
+        args, in_axes = (q, k, v, bias, q_seg, kv_seg), 0
+
+        def call(fa, q, k, v, bias, q_seg, kv_seg, **x):
+            return fa(q, k, v, bias, q_segment_ids=q_seg, kv_segment_ids=kv_seg, **kw, **x)
+
+    else:
+        args, in_axes = (q, k, v, _normal(rng, (1, 1, t, s))), (0, 0, 0, None)
+        if case == "dropout":
+            kw.update(dropout_prob=0.25, dropout_seed=5)
+
+        def call(fa, q, k, v, bias, **x):
+            return fa(q, k, v, bias, **kw, **x)
+
+    g = _normal(rng, q.shape)
+    out, grads = _vmapped_grads(lambda *a: call(flash_attention, *a, fwd_params=FP, bwd_params=BP), g, in_axes, *args)
+    want_out, want_grads = _vmapped_grads(lambda *a: call(reference, *a), g, in_axes, *args)
+    _close("vmap out", out, want_out, jnp.float32, rng)
+    for name, got, want in zip(("dq", "dk", "dv", "dbias"), grads, want_grads):
+        _close(name, got, want, jnp.float32, rng)
+    assert set(batches) == {"per_row": {v_ * b}, "shared_bias": {v_ * b, b}, "dropout": {b}}[case], batches
 
 
 # ------------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-_SUBMODULES = ("kernels", "modules", "ops", "plugins", "testing")
+_SUBMODULES = ("device", "kernels", "modules", "ops", "plugins", "testing")
 # The seed's ``from ejkernel import kernel_registry, Platform, Backend``, loaded on first use.
 _FROM_KERNELS = ("kernel_registry", "Platform", "Backend")
 

@@ -47,6 +47,8 @@ if os.environ.get(INTERPRET_ENV) == "1":
 import jax  # noqa: E402
 import triton  # noqa: E402
 
+from ejkernel.device import cdiv, fold_vmap, shared_memory_per_block  # noqa: E402
+
 
 def _triton_interpret_flag() -> bool:
     knobs = getattr(triton, "knobs", None)
@@ -77,10 +79,6 @@ def _interpret_problem() -> str | None:
 INTERPRET_PROBLEM: str | None = _interpret_problem()
 
 __all__ = ["COMPILE_ONLY_ENV", "INTERPRET", "INTERPRET_ENV", "INTERPRET_PROBLEM", "HostTensor", "cdiv", "launch"]
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -259,31 +257,11 @@ def launch(
             kernel, tuple(full), out_shape, grid, num_warps, num_stages, tuple(zeroed_outputs), name, constexprs
         )
 
-    return _sequential_vmap(call)(*(args[i] for i in array_at))
-
-
-def _sequential_vmap(call: Any) -> Any:
-    """``call`` with a ``jax.vmap`` rule: one launch per element of the vmapped axis (``lax.map``).
-
-    jax-triton's primitive refuses ``vmap``; kernels see fixed shapes. Used in both modes, so that
-    the interpreter tests run the same batching code as the GPU."""
-
-    @jax.custom_batching.custom_vmap
-    def launched(*arrays: Any) -> tuple[jax.Array, ...]:
-        return call(*arrays)
-
-    @launched.def_vmap
-    def _rule(axis_size: int, in_batched: Sequence[bool], *arrays: Any) -> tuple[Any, Any]:
-        batched = tuple(a for a, b in zip(arrays, in_batched, strict=True) if b)
-
-        def one(slices: tuple[Any, ...]) -> tuple[jax.Array, ...]:
-            it = iter(slices)
-            return launched(*(next(it) if b else a for a, b in zip(arrays, in_batched, strict=True)))
-
-        outs = jax.lax.map(one, batched)
-        return outs, tuple(True for _ in outs)
-
-    return launched
+    # jax-triton's primitive refuses vmap, and the grid and scalars here were sized for one element:
+    # a vmapped launch runs once per element (fold_vmap's sequential rule). Launchers that know their
+    # batch axis fold vmap into it before they get here (e.g. flash_attention.interface._forward).
+    # Used in both modes, so that the interpreter tests run the same batching code as the GPU.
+    return fold_vmap(call, in_axes=None, out_axes=None)(*(args[i] for i in array_at))
 
 
 def _launch_compiled(
@@ -396,8 +374,8 @@ def _compile_only(
             target=target,
             options={"num_warps": num_warps, "num_stages": num_stages},
         )
-        # what Triton checks when it loads the kernel: opt-in shared memory per block (sm_90: 227 KB)
-        limit = 227 * 1024 if capability >= 90 else (163 * 1024 if capability >= 80 else 99 * 1024)
+        # what Triton checks when it loads the kernel: opt-in shared memory per block
+        limit = shared_memory_per_block(capability)
         if compiled.metadata.shared > limit:
             raise RuntimeError(
                 f"{kernel.__name__}: needs {compiled.metadata.shared} bytes of shared memory, "

@@ -53,6 +53,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ejkernel.device import cdiv
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 F32 = jnp.float32
@@ -157,7 +158,7 @@ def _varlen_plan(cu_seqlens: jax.Array, t: int, chunk: int, reverse: bool) -> tu
     cu = jnp.clip(cu_seqlens.astype(jnp.int32), 0, t)
     start, end = cu[:-1], cu[1:]
     lengths = jnp.maximum(end - start, 0)
-    chunks = (lengths + chunk - 1) // chunk
+    chunks = cdiv(lengths, chunk)
     first = jnp.cumsum(chunks) - chunks  # first chunk of each sequence
     used = jnp.sum(chunks)
     c = jnp.arange(n_chunks)

@@ -48,6 +48,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ejkernel.device import cdiv, round_up
+
 F32 = jnp.float32
 I32 = jnp.int32
 LANES = 128
@@ -64,14 +66,6 @@ KV_VMEM_BYTES = 8 << 20
 Q_VMEM_BYTES = 4 << 20
 DEFAULT_KV_TOKENS = 512
 MAX_PAGES_PER_BLOCK = 16  # one block spec (one DMA per step) per page: the kernel's code grows with their number
-
-
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def round_up(x: int, m: int) -> int:
-    return cdiv(x, m) * m
 
 
 def supports(inv: Any) -> str | None:
@@ -146,8 +140,8 @@ class Items:
         end_tok = jnp.minimum(self.pos + self.rows, self.hi)  # the last row's keys end at its own position
         some = (self.rows > 0) & (end_tok > first_tok)
         first = jnp.where(some, first_tok // bk, 0)
-        end = jnp.where(some, (end_tok + bk - 1) // bk, 0)
-        last_page = jnp.clip((jnp.where(some, end_tok, 1) + page - 1) // page - 1, 0, m - 1)
+        end = jnp.where(some, cdiv(end_tok, bk), 0)
+        last_page = jnp.clip(cdiv(jnp.where(some, end_tok, 1), page) - 1, 0, m - 1)
         fields = {
             "first": first, "end": end, "lo": self.lo, "hi": self.hi, "pos": self.pos, "rows": self.rows,
             "seq": self.seq, "last_page": last_page,

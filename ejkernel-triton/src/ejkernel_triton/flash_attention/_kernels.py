@@ -30,147 +30,30 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ejkernel_triton import launch as _launch  # must run before any @triton.jit below (interpreter switch)
-
-# Triton's interpreter (3.x) hands bfloat16 tiles to numpy's matmul as raw uint16 bit patterns, so
-# in the interpreter bf16 operands are upcast to float32 before tl.dot (bf16 x bf16 products are
-# exact in float32, so this reproduces a tensor-core dot with float32 accumulation). Never on GPU.
-_UPCAST_BF16_DOT = tl.constexpr(_launch.INTERPRET)
-# float32 inputs: full-precision (FMA) dots rather than tf32, so float32 results match the float32
-# reference to ~1e-6 rather than ~1e-3. bf16/fp16 inputs always use tensor cores.
-_F32_DOT_PRECISION = tl.constexpr("ieee")
-_LOG2E = tl.constexpr(1.4426950408889634)
-_LN2 = tl.constexpr(0.6931471805599453)
-
+from ejkernel_triton.language import (  # imports ejkernel_triton.launch first: the interpreter switch
+    LN2,
+    LOG2E,
+    bcast_base,
+    block_range,
+    bounds,
+    dropout_head_hash,
+    dropout_keep,
+    dropout_keep_mask,
+    dropout_row_hash,
+    head_base,
+    load_tile,
+    mix32,
+    mma,
+    online_softmax_step,
+    span,
+    stats_base,
+    store_tile,
+    tanh,
+)
 
 # ------------------------------------------------------------------------------------------------
-# Small helpers (inlined by Triton).
+# Attention-specific helpers (inlined by Triton); the generic ones are in ejkernel_triton.language.
 # ------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _mma(a, b, acc):
-    """``acc + a @ b`` with float32 accumulation (see the notes on the two constants above)."""
-    if _UPCAST_BF16_DOT:
-        if a.dtype == tl.bfloat16:
-            a = a.to(tl.float32)
-            b = b.to(tl.float32)
-    if a.dtype == tl.float32:
-        acc = tl.dot(a, b, acc, input_precision=_F32_DOT_PRECISION)
-    else:
-        acc = tl.dot(a, b, acc)
-    return acc
-
-
-@triton.jit
-def _mix32(x):
-    """lowbias32, the uint32 hash of ``ejkernel.kernels.signatures.flash_attention.mix32``.
-
-    ``x`` is uint32: shifts are logical and products wrap mod 2**32, exactly like numpy's uint32."""
-    x = x ^ (x >> 16)
-    x = x * 0x7FEB352D
-    x = x ^ (x >> 15)
-    x = x * 0x846CA68B
-    return x ^ (x >> 16)
-
-
-@triton.jit
-def _head_hash(Seed, i_b, i_h, H: tl.constexpr):
-    """``mix32(seed ^ (b*H + h))``: the (batch, head) half of ``dropout_keep`` (once per head)."""
-    return _mix32(tl.load(Seed) ^ (i_b * H + i_h).to(tl.uint32))
-
-
-@triton.jit
-def _row_hash(Seed, i_b, i_h, rows, H: tl.constexpr, DROP_THRESH: tl.constexpr):
-    """``mix32(mix32(seed ^ (b*H + h)) ^ i)``: the per-row half of ``dropout_keep`` (once per row);
-    ``rows`` itself, unused, without dropout."""
-    if DROP_THRESH > 0:
-        row_hash = _mix32(_head_hash(Seed, i_b, i_h, H) ^ rows.to(tl.uint32))  # uint32
-    else:
-        row_hash = rows
-    return row_hash
-
-
-@triton.jit
-def _dropout_keep(row_hash, jj, DROP_THRESH: tl.constexpr):
-    """Element half of ``dropout_keep``: ``mix32(row ^ j) >= p * 2**32``; broadcasts like its inputs."""
-    return _mix32(row_hash ^ jj.to(tl.uint32)) >= DROP_THRESH
-
-
-@triton.jit
-def _tanh(x):
-    """tanh from exp (no libdevice, so the interpreter runs it too); saturates cleanly at +-1."""
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
-
-
-@triton.jit
-def _head_base(X, i_b64, i_h, L, NH: tl.constexpr, DH: tl.constexpr):
-    """Start of head ``i_h`` of batch ``i_b64`` in a ``[B, L, NH, DH]`` array (rows ``NH * DH`` apart)."""
-    return X + i_b64 * L * (NH * DH) + i_h * DH
-
-
-@triton.jit
-def _stats_base(X, i_b64, i_h, T, H: tl.constexpr):
-    """Start of row ``(b, h)`` of a ``[B, H, T]`` per-row statistic (``lse``, ``delta``)."""
-    return X + (i_b64 * H + i_h) * T
-
-
-@triton.jit
-def _bcast_base(X, i_b64, i_h, stride_b, stride_h):
-    """Start of the ``[T, S]`` matrix of (batch, head) in a bias or mask (broadcast dims: stride 0)."""
-    return X + i_b64 * stride_b + i_h.to(tl.int64) * stride_h
-
-
-@triton.jit
-def _load_tile(
-    base, rows, row_stride, n_rows, N_COLS: tl.constexpr, BLOCK_COLS: tl.constexpr, CHECK_ROWS: tl.constexpr
-):
-    """Tile ``[len(rows), BLOCK_COLS]`` of a row-major matrix; columns past ``N_COLS`` (head-dim
-    padding to a power of two) and, when ``CHECK_ROWS``, rows past ``n_rows`` read as 0."""
-    cols = tl.arange(0, BLOCK_COLS)
-    p_x = base + rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
-    if CHECK_ROWS:
-        if N_COLS == BLOCK_COLS:
-            b_x = tl.load(p_x, mask=(rows < n_rows)[:, None], other=0.0)
-        else:
-            b_x = tl.load(p_x, mask=(rows < n_rows)[:, None] & (cols < N_COLS)[None, :], other=0.0)
-    else:
-        if N_COLS == BLOCK_COLS:
-            b_x = tl.load(p_x)
-        else:
-            b_x = tl.load(p_x, mask=(cols < N_COLS)[None, :], other=0.0)
-    return b_x
-
-
-@triton.jit
-def _store_tile(base, b_x, rows, row_stride, n_rows, N_COLS: tl.constexpr, BLOCK_COLS: tl.constexpr):
-    cols = tl.arange(0, BLOCK_COLS)
-    p_x = base + rows.to(tl.int64)[:, None] * row_stride + cols[None, :]
-    if N_COLS == BLOCK_COLS:
-        tl.store(p_x, b_x.to(p_x.dtype.element_ty), mask=(rows < n_rows)[:, None])
-    else:
-        tl.store(p_x, b_x.to(p_x.dtype.element_ty), mask=(rows < n_rows)[:, None] & (cols < N_COLS)[None, :])
-
-
-@triton.jit
-def _block_range(lo, hi, BLOCK: tl.constexpr, ALL_MASKED: tl.constexpr):
-    """Split the blocks one row block (or key block) must visit into masked | full | masked.
-
-    ``lo``/``hi`` are the per-row intervals of the block. Visited: ``[start, end)`` with ``start``
-    rounded down to a block boundary; blocks inside ``[full_lo, full_hi)`` are admitted whole by
-    every row, so they need no mask. All four are block-aligned except where clamped to ``end``.
-    """
-    start = (tl.min(lo, axis=0) // BLOCK) * BLOCK
-    end = tl.max(hi, axis=0)
-    if ALL_MASKED:
-        full_lo = end
-        full_hi = end
-    else:
-        full_lo = ((tl.max(lo, axis=0) + BLOCK - 1) // BLOCK) * BLOCK
-        full_hi = (tl.min(hi, axis=0) // BLOCK) * BLOCK
-    full_lo = tl.minimum(tl.maximum(full_lo, start), end)
-    full_hi = tl.minimum(tl.maximum(full_hi, full_lo), end)
-    return start, full_lo, full_hi, end
 
 
 @triton.jit
@@ -217,46 +100,19 @@ def _scores(
             s = s + b_bias.to(tl.float32)
         t = s
         if HAS_SOFTCAP:
-            t = _tanh(s / softcap)
+            t = tanh(s / softcap)
             s = softcap * t
-        s2 = s * _LOG2E
+        s2 = s * LOG2E
     else:
-        s2 = qk * (sm_scale * _LOG2E)
+        s2 = qk * (sm_scale * LOG2E)
         t = s2
     return s2, t
 
 
 @triton.jit
-def _span(PART: tl.constexpr, start, full_lo, full_hi, end):
-    """Bounds of part ``PART`` of a visit split by :func:`_block_range`: 0 the leading masked blocks,
-    1 the interior that needs no mask, 2 the trailing masked blocks. Kernels run the three parts in
-    this order (``tl.static_range(3)``, one loop each, masked unless ``PART == 1``)."""
-    if PART == 0:
-        b_lo = start
-        b_hi = full_lo
-    elif PART == 1:
-        b_lo = full_lo
-        b_hi = full_hi
-    else:
-        b_lo = full_hi
-        b_hi = end
-    return b_lo, b_hi
-
-
-@triton.jit
-def _bounds(Lo, Hi, idx, n, empty_lo):
-    """Intervals ``[lo, hi)`` at ``idx`` (query rows or keys); past ``n`` the empty interval
-    ``(empty_lo, 0)``, so that padding never widens a block's range and never attends."""
-    ok = idx < n
-    lo = tl.load(Lo + idx, mask=ok, other=empty_lo)
-    hi = tl.load(Hi + idx, mask=ok, other=0)
-    return lo, hi
-
-
-@triton.jit
 def _row_bounds(RowLo, RowHi, QSeg, rows, T, S, HAS_SEG: tl.constexpr):
     """Key interval and segment id of each query row (rows past T: ``lo = S, hi = 0``)."""
-    lo, hi = _bounds(RowLo, RowHi, rows, T, S)
+    lo, hi = bounds(RowLo, RowHi, rows, T, S)
     return lo, hi, _seg_ids(QSeg, rows, T, -1, HAS_SEG)
 
 
@@ -316,16 +172,6 @@ def _tile_scores(
     else:
         s2, t = _scores(qk, ii, jj, 0, bias_base, sm_scale, softcap, S, False, HAS_BIAS, HAS_SOFTCAP)
     return s2, t
-
-
-@triton.jit
-def _keep_mask(row_hash, jj, DROP_THRESH: tl.constexpr):
-    """Which elements dropout keeps (``row_hash``/``jj`` broadcast to the tile); unused without dropout."""
-    if DROP_THRESH > 0:
-        keep = _dropout_keep(row_hash, jj, DROP_THRESH)
-    else:
-        keep = jj  # unused
-    return keep
 
 
 @triton.jit
@@ -397,10 +243,10 @@ def _query_block_inner(
         jj = offs_n[None, :]  # [1, BN]
         # S_ij = q_i . k_j on the tensor cores. dQ loads V (for dP) together with K, the forward
         # only after the softmax: the load order is part of each kernel's measured schedule.
-        b_k = _load_tile(k_base, offs_n, KH * D, S, D, BLOCK_D, MASKED)  # [BN, BD]
+        b_k = load_tile(k_base, offs_n, KH * D, S, D, BLOCK_D, MASKED)  # [BN, BD]
         if DQ:
-            b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, MASKED)  # [BN, BDV]
-        b_qk = _mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
+            b_v = load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, MASKED)  # [BN, BDV]
+        b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
         b_kseg = _seg_ids(kseg_base, offs_n, S, -2, MASKED and HAS_SEG)
         b_s, b_t = _tile_scores(
             b_qk,
@@ -423,27 +269,19 @@ def _query_block_inner(
         )  # [BM, BN]
         if DQ:
             b_p = tl.exp2(b_s - lse2[:, None])  # [BM, BN]
-            b_dp = _mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
-            keep = _keep_mask(row_hash[:, None], jj, DROP_THRESH)
+            b_dp = mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
+            keep = dropout_keep_mask(row_hash[:, None], jj, DROP_THRESH)
             b_ds = _dscores(b_p, b_dp, b_delta[:, None], b_t, keep, drop_scale, HAS_SOFTCAP, DROP_THRESH)
-            acc = _mma(b_ds.to(b_k.dtype), b_k, acc)  # [BM, BD]
+            acc = mma(b_ds.to(b_k.dtype), b_k, acc)  # [BM, BD]
         else:
-            # Online softmax: new running max; a row that has seen only -inf keeps a finite
-            # reference point (0) so that exp2(-inf - m) is 0, never NaN (-inf can also come from
-            # the bias).
-            m_new = tl.maximum(m_i, tl.max(b_s, 1))  # [BM]
-            m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
-            b_p = tl.exp2(b_s - m_ref[:, None])  # [BM, BN]
-            alpha = tl.exp2(m_i - m_ref)  # rescales the old sums
-            l_i = l_i * alpha + tl.sum(b_p, 1)
-            acc = acc * alpha[:, None]
+            # Online softmax (rows that have seen only -inf, from the masks or the bias, stay NaN-free)
+            b_p, m_i, l_i, acc = online_softmax_step(b_s, m_i, l_i, acc)  # [BM, BN], [BM], [BM], [BM, BDV]
             # Dropout acts on the normalized probabilities, so l_i (the softmax denominator) is
             # summed before it; the 1/(1-p) survivor scale is applied once at the end.
             if DROP_THRESH > 0:
-                b_p = tl.where(_dropout_keep(row_hash[:, None], jj, DROP_THRESH), b_p, 0.0)
-            b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, MASKED)  # [BN, BDV]
-            acc = _mma(b_p.to(b_v.dtype), b_v, acc)  # [BM, BDV]
-            m_i = m_new
+                b_p = tl.where(dropout_keep(row_hash[:, None], jj, DROP_THRESH), b_p, 0.0)
+            b_v = load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, MASKED)  # [BN, BDV]
+            acc = mma(b_p.to(b_v.dtype), b_v, acc)  # [BM, BDV]
     return acc, l_i, m_i
 
 
@@ -488,22 +326,22 @@ def _attn_fwd(
     pid_m, i_h, i_b, i_kh, i_b64 = _query_program(H, KH)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
     lo, hi, qseg = _row_bounds(RowLo, RowHi, QSeg + i_b64 * T, offs_m, T, S, HAS_SEG)  # [BM]
-    n_start, n_full_lo, n_full_hi, n_end = _block_range(lo, hi, BLOCK_N, HAS_MASK or HAS_SEG)
+    n_start, n_full_lo, n_full_hi, n_end = block_range(lo, hi, BLOCK_N, HAS_MASK or HAS_SEG)
 
-    q_base = _head_base(Q, i_b64, i_h, T, H, D)
-    k_base = _head_base(K, i_b64, i_kh, S, KH, D)
-    v_base = _head_base(V, i_b64, i_kh, S, KH, DV)
-    bias_base = _bcast_base(Bias, i_b64, i_h, bias_sb, bias_sh)
-    mask_base = _bcast_base(Mask, i_b64, i_h, mask_sb, mask_sh)
-    row_hash = _row_hash(Seed, i_b, i_h, offs_m, H, DROP_THRESH)  # [BM]
+    q_base = head_base(Q, i_b64, i_h, T, H, D)
+    k_base = head_base(K, i_b64, i_kh, S, KH, D)
+    v_base = head_base(V, i_b64, i_kh, S, KH, DV)
+    bias_base = bcast_base(Bias, i_b64, i_h, bias_sb, bias_sh)
+    mask_base = bcast_base(Mask, i_b64, i_h, mask_sb, mask_sh)
+    row_hash = dropout_row_hash(Seed, i_b, i_h, offs_m, H, DROP_THRESH)  # [BM]
 
-    b_q = _load_tile(q_base, offs_m, H * D, T, D, BLOCK_D, True)  # [BM, BD]
+    b_q = load_tile(q_base, offs_m, H * D, T, D, BLOCK_D, True)  # [BM, BD]
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
     # Key blocks partly admitted (band edges, ragged ends), then the interior, then the far edge.
     for PART in tl.static_range(3):
-        n_lo, n_hi = _span(PART, n_start, n_full_lo, n_full_hi, n_end)
+        n_lo, n_hi = span(PART, n_start, n_full_lo, n_full_hi, n_end)
         acc, l_i, m_i = _query_block_inner(
             acc,
             l_i,
@@ -548,9 +386,9 @@ def _attn_fwd(
     empty = l_i == 0.0
     l_safe = tl.where(empty, 1.0, l_i)
     acc = acc * (drop_scale / l_safe)[:, None]
-    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * _LN2)  # natural log
-    _store_tile(_head_base(O, i_b64, i_h, T, H, DV), acc, offs_m, H * DV, T, DV, BLOCK_DV)
-    tl.store(_stats_base(LSE, i_b64, i_h, T, H) + offs_m, lse, mask=offs_m < T)
+    lse = tl.where(empty, float("-inf"), (m_i + tl.log2(l_safe)) * LN2)  # natural log
+    store_tile(head_base(O, i_b64, i_h, T, H, DV), acc, offs_m, H * DV, T, DV, BLOCK_DV)
+    tl.store(stats_base(LSE, i_b64, i_h, T, H) + offs_m, lse, mask=offs_m < T)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -576,9 +414,9 @@ def _attn_bwd_delta(O, DO, T, Delta, H: tl.constexpr, DV: tl.constexpr, BLOCK_DV
     i_b64 = tl.program_id(2).to(tl.int64)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     base = i_b64 * T * (H * DV) + i_h * DV  # O and dO share their layout
-    b_o = _load_tile(O + base, offs_m, H * DV, T, DV, BLOCK_DV, True).to(tl.float32)  # [BM, BDV]
-    b_do = _load_tile(DO + base, offs_m, H * DV, T, DV, BLOCK_DV, True).to(tl.float32)
-    tl.store(_stats_base(Delta, i_b64, i_h, T, H) + offs_m, tl.sum(b_o * b_do, 1), mask=offs_m < T)
+    b_o = load_tile(O + base, offs_m, H * DV, T, DV, BLOCK_DV, True).to(tl.float32)  # [BM, BDV]
+    b_do = load_tile(DO + base, offs_m, H * DV, T, DV, BLOCK_DV, True).to(tl.float32)
+    tl.store(stats_base(Delta, i_b64, i_h, T, H) + offs_m, tl.sum(b_o * b_do, 1), mask=offs_m < T)
 
 
 @triton.jit
@@ -586,7 +424,7 @@ def _load_lse2(LSE, rows, T):
     """Saved lse in log2 units; -inf (row admits nothing) becomes +inf so that P = exp2(s2 - lse2)
     is 0 there instead of NaN."""
     lse = tl.load(LSE + rows, mask=rows < T, other=0.0)
-    return tl.where(lse == float("-inf"), float("inf"), lse * _LOG2E)
+    return tl.where(lse == float("-inf"), float("inf"), lse * LOG2E)
 
 
 @triton.jit
@@ -636,11 +474,11 @@ def _dkdv_inner(
     for start_m in range(m_start, m_stop, BLOCK_M):
         offs_m = start_m + tl.arange(0, BLOCK_M)
         ii = offs_m[None, :]  # [1, BM]
-        b_q = _load_tile(q_base, offs_m, H * D, T, D, BLOCK_D, MASKED)  # [BM, BD]
-        b_do = _load_tile(do_base, offs_m, H * DV, T, DV, BLOCK_DV, MASKED)  # [BM, BDV]
+        b_q = load_tile(q_base, offs_m, H * D, T, D, BLOCK_D, MASKED)  # [BM, BD]
+        b_do = load_tile(do_base, offs_m, H * DV, T, DV, BLOCK_DV, MASKED)  # [BM, BDV]
         lse2 = _load_lse2(LSE_bh, offs_m, T)  # [BM]
         b_delta = tl.load(Delta_bh + offs_m, mask=offs_m < T, other=0.0)  # [BM]
-        b_qkT = _mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32))  # [BN, BM]
+        b_qkT = mma(b_k, tl.trans(b_q), tl.zeros([BLOCK_N, BLOCK_M], tl.float32))  # [BN, BM]
         if MASKED:
             lo, hi, qseg = _row_bounds(RowLo, RowHi, qseg_base, offs_m, T, S, HAS_SEG)
         else:
@@ -665,16 +503,16 @@ def _dkdv_inner(
             HAS_SOFTCAP,
         )  # [BN, BM]
         b_pT = tl.exp2(b_sT - lse2[None, :])  # [BN, BM]
-        b_dpT = _mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32))  # [BN, BM] = (dO V^T)^T
+        b_dpT = mma(b_v, tl.trans(b_do), tl.zeros([BLOCK_N, BLOCK_M], tl.float32))  # [BN, BM] = (dO V^T)^T
         if DROP_THRESH > 0:
-            keep = _keep_mask(_mix32(row_hash_seed ^ offs_m.to(tl.uint32))[None, :], jj, DROP_THRESH)
+            keep = dropout_keep_mask(mix32(row_hash_seed ^ offs_m.to(tl.uint32))[None, :], jj, DROP_THRESH)
             b_pdT = tl.where(keep, b_pT * drop_scale, 0.0)
         else:
             keep = jj
             b_pdT = b_pT
-        b_dv = _mma(b_pdT.to(b_do.dtype), b_do, b_dv)  # [BN, BDV]
+        b_dv = mma(b_pdT.to(b_do.dtype), b_do, b_dv)  # [BN, BDV]
         b_dsT = _dscores(b_pT, b_dpT, b_delta[None, :], b_tT, keep, drop_scale, HAS_SOFTCAP, DROP_THRESH)
-        b_dk = _mma(b_dsT.to(b_q.dtype), b_q, b_dk)  # [BN, BD]
+        b_dk = mma(b_dsT.to(b_q.dtype), b_q, b_dk)  # [BN, BD]
     return b_dk, b_dv
 
 
@@ -731,13 +569,13 @@ def _attn_bwd_dkdv(
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     # Query interval of every key: which query blocks to visit, and which need no mask.
-    qlo, qhi = _bounds(ColLo, ColHi, offs_n, S, T)
-    m_start, m_full_lo, m_full_hi, m_end = _block_range(qlo, qhi, BLOCK_M, HAS_MASK or HAS_SEG)
+    qlo, qhi = bounds(ColLo, ColHi, offs_n, S, T)
+    m_start, m_full_lo, m_full_hi, m_end = block_range(qlo, qhi, BLOCK_M, HAS_MASK or HAS_SEG)
 
-    k_base = _head_base(K, i_b64, i_kh, S, KH, D)
-    v_base = _head_base(V, i_b64, i_kh, S, KH, DV)
-    b_k = _load_tile(k_base, offs_n, KH * D, S, D, BLOCK_D, True)  # [BN, BD]
-    b_v = _load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, True)  # [BN, BDV]
+    k_base = head_base(K, i_b64, i_kh, S, KH, D)
+    v_base = head_base(V, i_b64, i_kh, S, KH, DV)
+    b_k = load_tile(k_base, offs_n, KH * D, S, D, BLOCK_D, True)  # [BN, BD]
+    b_v = load_tile(v_base, offs_n, KH * DV, S, DV, BLOCK_DV, True)  # [BN, BDV]
     kseg = _seg_ids(KSeg + i_b64 * S, offs_n, S, -2, HAS_SEG)
     b_dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     b_dv = tl.zeros([BLOCK_N, BLOCK_DV], tl.float32)
@@ -745,11 +583,11 @@ def _attn_bwd_dkdv(
     for g in range(GROUP):
         i_h = i_kh * GROUP + g
         if DROP_THRESH > 0:
-            row_hash_seed = _head_hash(Seed, i_b, i_h, H)  # the (b, h) half of _row_hash, hoisted
+            row_hash_seed = dropout_head_hash(Seed, i_b, i_h, H)  # the (b, h) half of row_hash, hoisted
         else:
             row_hash_seed = 0
         for PART in tl.static_range(3):
-            m_lo, m_hi = _span(PART, m_start, m_full_lo, m_full_hi, m_end)
+            m_lo, m_hi = span(PART, m_start, m_full_lo, m_full_hi, m_end)
             b_dk, b_dv = _dkdv_inner(
                 b_dk,
                 b_dv,
@@ -757,14 +595,14 @@ def _attn_bwd_dkdv(
                 b_v,
                 offs_n,
                 kseg,
-                _head_base(Q, i_b64, i_h, T, H, D),
-                _head_base(DO, i_b64, i_h, T, H, DV),
-                _stats_base(LSE, i_b64, i_h, T, H),
-                _stats_base(Delta, i_b64, i_h, T, H),
+                head_base(Q, i_b64, i_h, T, H, D),
+                head_base(DO, i_b64, i_h, T, H, DV),
+                stats_base(LSE, i_b64, i_h, T, H),
+                stats_base(Delta, i_b64, i_h, T, H),
                 RowLo,
                 RowHi,
-                _bcast_base(Bias, i_b64, i_h, bias_sb, bias_sh),
-                _bcast_base(Mask, i_b64, i_h, mask_sb, mask_sh),
+                bcast_base(Bias, i_b64, i_h, bias_sb, bias_sh),
+                bcast_base(Mask, i_b64, i_h, mask_sb, mask_sh),
                 QSeg + i_b64 * T,
                 row_hash_seed,
                 sm_scale,
@@ -789,8 +627,8 @@ def _attn_bwd_dkdv(
                 DROP_THRESH,
             )
 
-    _store_tile(_head_base(DKey, i_b64, i_kh, S, KH, D), b_dk * sm_scale, offs_n, KH * D, S, D, BLOCK_D)
-    _store_tile(_head_base(DVal, i_b64, i_kh, S, KH, DV), b_dv, offs_n, KH * DV, S, DV, BLOCK_DV)
+    store_tile(head_base(DKey, i_b64, i_kh, S, KH, D), b_dk * sm_scale, offs_n, KH * D, S, D, BLOCK_D)
+    store_tile(head_base(DVal, i_b64, i_kh, S, KH, DV), b_dv, offs_n, KH * DV, S, DV, BLOCK_DV)
 
 
 @triton.jit
@@ -837,21 +675,21 @@ def _attn_bwd_dq(
     pid_m, i_h, i_b, i_kh, i_b64 = _query_program(H, KH)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
     lo, hi, qseg = _row_bounds(RowLo, RowHi, QSeg + i_b64 * T, offs_m, T, S, HAS_SEG)
-    n_start, n_full_lo, n_full_hi, n_end = _block_range(lo, hi, BLOCK_N, HAS_MASK or HAS_SEG)
+    n_start, n_full_lo, n_full_hi, n_end = block_range(lo, hi, BLOCK_N, HAS_MASK or HAS_SEG)
 
-    k_base = _head_base(K, i_b64, i_kh, S, KH, D)
-    v_base = _head_base(V, i_b64, i_kh, S, KH, DV)
-    bias_base = _bcast_base(Bias, i_b64, i_h, bias_sb, bias_sh)
-    mask_base = _bcast_base(Mask, i_b64, i_h, mask_sb, mask_sh)
-    row_hash = _row_hash(Seed, i_b, i_h, offs_m, H, DROP_THRESH)
+    k_base = head_base(K, i_b64, i_kh, S, KH, D)
+    v_base = head_base(V, i_b64, i_kh, S, KH, DV)
+    bias_base = bcast_base(Bias, i_b64, i_h, bias_sb, bias_sh)
+    mask_base = bcast_base(Mask, i_b64, i_h, mask_sb, mask_sh)
+    row_hash = dropout_row_hash(Seed, i_b, i_h, offs_m, H, DROP_THRESH)
 
-    b_q = _load_tile(_head_base(Q, i_b64, i_h, T, H, D), offs_m, H * D, T, D, BLOCK_D, True)  # [BM, BD]
-    b_do = _load_tile(_head_base(DO, i_b64, i_h, T, H, DV), offs_m, H * DV, T, DV, BLOCK_DV, True)  # [BM, BDV]
-    lse2 = _load_lse2(_stats_base(LSE, i_b64, i_h, T, H), offs_m, T)
-    b_delta = tl.load(_stats_base(Delta, i_b64, i_h, T, H) + offs_m, mask=offs_m < T, other=0.0)
+    b_q = load_tile(head_base(Q, i_b64, i_h, T, H, D), offs_m, H * D, T, D, BLOCK_D, True)  # [BM, BD]
+    b_do = load_tile(head_base(DO, i_b64, i_h, T, H, DV), offs_m, H * DV, T, DV, BLOCK_DV, True)  # [BM, BDV]
+    lse2 = _load_lse2(stats_base(LSE, i_b64, i_h, T, H), offs_m, T)
+    b_delta = tl.load(stats_base(Delta, i_b64, i_h, T, H) + offs_m, mask=offs_m < T, other=0.0)
     b_dq = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     for PART in tl.static_range(3):
-        n_lo, n_hi = _span(PART, n_start, n_full_lo, n_full_hi, n_end)
+        n_lo, n_hi = span(PART, n_start, n_full_lo, n_full_hi, n_end)
         b_dq, _l, _m = _query_block_inner(
             b_dq,
             lse2,  # unused: l_i, m_i
@@ -891,7 +729,7 @@ def _attn_bwd_dq(
             HAS_SOFTCAP,
             DROP_THRESH,
         )
-    _store_tile(_head_base(DQ, i_b64, i_h, T, H, D), b_dq * sm_scale, offs_m, H * D, T, D, BLOCK_D)
+    store_tile(head_base(DQ, i_b64, i_h, T, H, D), b_dq * sm_scale, offs_m, H * D, T, D, BLOCK_D)
 
 
 @triton.jit
@@ -949,7 +787,7 @@ def _attn_bwd_dbias(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     ii = offs_m[:, None]
     jj = offs_n[None, :]
-    lo, hi = _bounds(RowLo, RowHi, offs_m, T, S)
+    lo, hi = bounds(RowLo, RowHi, offs_m, T, S)
     # Does any row of the block admit any key of the block? Otherwise dBias is 0 here.
     live = (tl.max(hi, axis=0) > pid_n * BLOCK_N) & (tl.min(lo, axis=0) < pid_n * BLOCK_N + BLOCK_N)
 
@@ -962,7 +800,7 @@ def _attn_bwd_dbias(
     else:
         h_count = 1
     b_count = tl.where(live, b_count, 0)
-    bias_base = _bcast_base(Bias, b_first.to(tl.int64), h_first, bias_sb, bias_sh)
+    bias_base = bcast_base(Bias, b_first.to(tl.int64), h_first, bias_sb, bias_sh)
     b_acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)  # [BM, BN]
     for bb in range(b_count):
         i_b = b_first + bb
@@ -972,13 +810,13 @@ def _attn_bwd_dbias(
         for hh in range(h_count):
             i_h = h_first + hh
             i_kh = i_h // (H // KH)
-            b_q = _load_tile(_head_base(Q, i_b64, i_h, T, H, D), offs_m, H * D, T, D, BLOCK_D, True)
-            b_do = _load_tile(_head_base(DO, i_b64, i_h, T, H, DV), offs_m, H * DV, T, DV, BLOCK_DV, True)
-            b_k = _load_tile(_head_base(K, i_b64, i_kh, S, KH, D), offs_n, KH * D, S, D, BLOCK_D, True)
-            b_v = _load_tile(_head_base(V, i_b64, i_kh, S, KH, DV), offs_n, KH * DV, S, DV, BLOCK_DV, True)
-            lse2 = _load_lse2(_stats_base(LSE, i_b64, i_h, T, H), offs_m, T)
-            b_delta = tl.load(_stats_base(Delta, i_b64, i_h, T, H) + offs_m, mask=offs_m < T, other=0.0)
-            b_qk = _mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+            b_q = load_tile(head_base(Q, i_b64, i_h, T, H, D), offs_m, H * D, T, D, BLOCK_D, True)
+            b_do = load_tile(head_base(DO, i_b64, i_h, T, H, DV), offs_m, H * DV, T, DV, BLOCK_DV, True)
+            b_k = load_tile(head_base(K, i_b64, i_kh, S, KH, D), offs_n, KH * D, S, D, BLOCK_D, True)
+            b_v = load_tile(head_base(V, i_b64, i_kh, S, KH, DV), offs_n, KH * DV, S, DV, BLOCK_DV, True)
+            lse2 = _load_lse2(stats_base(LSE, i_b64, i_h, T, H), offs_m, T)
+            b_delta = tl.load(stats_base(Delta, i_b64, i_h, T, H) + offs_m, mask=offs_m < T, other=0.0)
+            b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
             b_s, b_t = _tile_scores(
                 b_qk,
                 ii,
@@ -987,7 +825,7 @@ def _attn_bwd_dbias(
                 hi[:, None],
                 qseg[:, None],
                 kseg[None, :],
-                _bcast_base(Mask, i_b64, i_h, mask_sb, mask_sh),
+                bcast_base(Mask, i_b64, i_h, mask_sb, mask_sh),
                 bias_base,
                 sm_scale,
                 softcap,
@@ -999,9 +837,9 @@ def _attn_bwd_dbias(
                 HAS_SOFTCAP,
             )
             b_p = tl.exp2(b_s - lse2[:, None])
-            b_dp = _mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
-            row_hash = _row_hash(Seed, i_b, i_h, offs_m, H, DROP_THRESH)
-            keep = _keep_mask(row_hash[:, None], jj, DROP_THRESH)
+            b_dp = mma(b_do, tl.trans(b_v), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))
+            row_hash = dropout_row_hash(Seed, i_b, i_h, offs_m, H, DROP_THRESH)
+            keep = dropout_keep_mask(row_hash[:, None], jj, DROP_THRESH)
             b_acc += _dscores(b_p, b_dp, b_delta[:, None], b_t, keep, drop_scale, HAS_SOFTCAP, DROP_THRESH)
     p_db = DBias + (b_first.to(tl.int64) * NBH + h_first) * T * S + ii.to(tl.int64) * S + jj
     tl.store(p_db, b_acc.to(DBias.dtype.element_ty), mask=(ii < T) & (jj < S))

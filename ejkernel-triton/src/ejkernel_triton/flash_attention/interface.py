@@ -25,13 +25,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ejkernel.device import cdiv, first_gpu, fold_vmap, next_power_of_2, shared_memory_per_block
 from ejkernel.kernels.signatures.flash_attention import normalize_window, validate
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 __all__ = ["candidate_cfgs", "flash_attention", "heuristic_cfg", "supports"]
 
 _MAX_HEAD_DIM = 256
-_SMEM_BYTES = 227 * 1024  # opt-in shared memory per block on H100/H200
 _INTERPRET_BLOCK = 32  # default block in Triton's interpreter (CPU tests): small and quick
 
 
@@ -47,12 +47,14 @@ def _launch_module() -> Any:
     return launch
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _pow2(n: int, floor: int = 16) -> int:
-    return max(floor, 1 << max(0, int(n) - 1).bit_length())
+    return max(floor, next_power_of_2(n))
+
+
+def _smem_bytes() -> int:
+    """Opt-in shared memory per block of the local GPU; without one, Hopper's (what the configs target)."""
+    gpu = first_gpu()
+    return (gpu and gpu.shared_memory_per_block) or shared_memory_per_block((9, 0))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -98,7 +100,7 @@ def _regs_ok(stage: str, bm: int, bn: int, warps: int, bd: int, bdv: int) -> boo
 
 def _fits(stage: str, bm: int, bn: int, warps: int, stages: int, bd: int, bdv: int, e: int) -> bool:
     smem = (_smem_fwd if stage == "fwd" else _smem_bwd)(bm, bn, stages, bd, bdv, e)
-    return smem <= _SMEM_BYTES and _regs_ok(stage, bm, bn, warps, bd, bdv)
+    return smem <= _smem_bytes() and _regs_ok(stage, bm, bn, warps, bd, bdv)
 
 
 def _heuristic_tuple(
@@ -157,7 +159,7 @@ def heuristic_cfg(invocation: Any, stage: str = "fwd") -> FwdParams | BwdParams:
 
 def candidate_cfgs(invocation: Any, stage: str = "fwd") -> list[FwdParams | BwdParams]:
     """Launch parameters worth timing for ``stage``: block sizes x warps x stages, without those
-    whose shared memory (<= 227 KB) or float32 register tiles would not fit; the heuristic first.
+    whose shared memory (the GPU's per-block limit) or float32 register tiles would not fit; the heuristic first.
 
     The grid is cut where an H200 sweep (BENCHMARKS.md) found no winner, because every candidate costs
     a Triton compile (seconds) when the autotuner times it: the forward keeps 3 stages and key tiles of
@@ -372,7 +374,30 @@ def _common(
     return arrays, scalars, constexprs
 
 
+def _fold_axes(cfg: _Cfg, batch: int, bias: Any, aux: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """``fold_vmap`` axes of (the ``[B, ...]`` arrays, bias, aux): a vmapped call folds into the batch.
+
+    A bias or mask broadcast over the batch (``[1, ...]`` against ``B > 1``) is shared (``None``), and
+    so are the intervals and the seed: when vmap maps one of them, the call runs per element, as it
+    does for a gradient summed over the batch (dBias of such a bias). With dropout nothing folds: the
+    hash reads the batch index, so folded element ``v`` would draw row ``v * B + b``'s masks, not ``b``'s."""
+    if cfg.dropout_prob > 0:
+        return None, None, None
+
+    def per_row(x: Any) -> int | None:
+        return 0 if x is None or x.shape[0] == batch else None
+
+    return 0, per_row(bias), {**dict.fromkeys(aux), "mask": per_row(aux["mask"]), "q_seg": 0, "kv_seg": 0}
+
+
 def _forward(cfg: _Cfg, q: Any, k: Any, v: Any, bias: Any, aux: dict[str, Any]) -> tuple[jax.Array, jax.Array]:
+    """``(o, lse)``: the forward kernel; under ``jax.vmap`` one launch over the folded batch (``_fold_axes``)."""
+    rows, bias_axis, aux_axes = _fold_axes(cfg, q.shape[0], bias, aux)
+    run = fold_vmap(functools.partial(_launch_forward, cfg), (rows, rows, rows, bias_axis, aux_axes), (rows, rows))
+    return run(q, k, v, bias, aux)
+
+
+def _launch_forward(cfg: _Cfg, q: Any, k: Any, v: Any, bias: Any, aux: dict[str, Any]) -> tuple[jax.Array, jax.Array]:
     kern, launch = _kernels(), _launch_module()
     b, t, h, d = q.shape
     dv = v.shape[-1]
@@ -393,7 +418,7 @@ def _forward(cfg: _Cfg, q: Any, k: Any, v: Any, bias: Any, aux: dict[str, Any]) 
         aux["seed"],
         *scalars,
         out_shape=(jax.ShapeDtypeStruct((b, t, h, dv), q.dtype), jax.ShapeDtypeStruct((b, h, t), jnp.float32)),
-        grid=(_cdiv(t, bm), h, b),
+        grid=(cdiv(t, bm), h, b),
         num_warps=warps,
         num_stages=stages,
         name="ejkernel_flash_attention_fwd",
@@ -416,7 +441,7 @@ def _bwd_delta(cfg: _Cfg, o: jax.Array, do: jax.Array) -> jax.Array:
         do,
         int(t),
         out_shape=(jax.ShapeDtypeStruct((b, h, t), jnp.float32),),
-        grid=(_cdiv(t, held), h, b),
+        grid=(cdiv(t, held), h, b),
         num_warps=4,
         num_stages=1,
         name="ejkernel_flash_attention_bwd_delta",
@@ -452,7 +477,7 @@ def _bwd_dkdv(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array) 
         *grads,
         *scalars,
         out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
-        grid=(_cdiv(s, held), kh, b),
+        grid=(cdiv(s, held), kh, b),
         num_warps=warps,
         num_stages=stages,
         name="ejkernel_flash_attention_bwd_dkdv",
@@ -476,7 +501,7 @@ def _bwd_dq(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array) ->
         *grads,
         *scalars,
         out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
-        grid=(_cdiv(t, held), h, b),
+        grid=(cdiv(t, held), h, b),
         num_warps=warps,
         num_stages=stages,
         name="ejkernel_flash_attention_bwd_dq",
@@ -503,7 +528,7 @@ def _bwd_dbias(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array)
         *grads,
         *scalars,
         out_shape=(jax.ShapeDtypeStruct(bias.shape, bias.dtype),),
-        grid=(_cdiv(t, held) * _cdiv(s, stream), nh, nb),
+        grid=(cdiv(t, held) * cdiv(s, stream), nh, nb),
         num_warps=warps,
         num_stages=1,
         name="ejkernel_flash_attention_bwd_dbias",
@@ -518,6 +543,15 @@ def _bwd_dbias(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array)
 
 
 def _backward(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array) -> tuple[Any, Any, Any, Any]:
+    """dQ, dK, dV, dBias (None without a bias) from the residuals ``(q, k, v, bias, aux, o, lse)``;
+    under ``jax.vmap`` one set of launches over the folded batch (``_fold_axes``)."""
+    rows, bias_axis, aux_axes = _fold_axes(cfg, res[0].shape[0], res[3], res[4])
+    res_axes = (rows, rows, rows, bias_axis, aux_axes, rows, rows)
+    run = fold_vmap(functools.partial(_launch_backward, cfg), (res_axes, rows), (rows, rows, rows, bias_axis))
+    return run(res, do)
+
+
+def _launch_backward(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array) -> tuple[Any, Any, Any, Any]:
     """dQ, dK, dV, dBias (None without a bias): the delta pre-pass, then the dK/dV and dQ kernels.
 
     The tile rule (FA2): ``cfg.bwd = (q_blocksize, kv_blocksize, ...)`` names the dK/dV kernel's

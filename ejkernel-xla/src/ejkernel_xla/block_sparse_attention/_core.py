@@ -41,14 +41,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ejkernel.device import cdiv
+
 from ejkernel_xla.flash_attention._blockwise import _balance, default_blocks
 
 F32 = jnp.float32
 NEG_INF = -jnp.inf
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,9 +70,9 @@ def _fit(requested: int, unit: int, n: int) -> int:
     """A tile for length ``n``: a multiple of ``unit`` near ``requested``, as even as its count allows."""
     if unit == 1:
         return _balance(requested, n)
-    units = _cdiv(n, unit)
+    units = cdiv(n, unit)
     r = min(max(1, requested // unit), units)
-    return _cdiv(units, _cdiv(units, r)) * unit
+    return cdiv(units, cdiv(units, r)) * unit
 
 
 def default_tiles(b: int, h: int, t: int, s: int, q_block: int, kv_block: int, masked: bool) -> tuple[int, int]:
@@ -112,7 +110,7 @@ class _Plan:
         dq, dk = default_tiles(self.B, self.H, self.T, self.S, o.q_block, o.kv_block, mask is not None)
         self.tq = _fit(tiles[0] or dq, o.q_block, self.T)
         self.tk = _fit(tiles[1] or dk, o.kv_block, self.S)
-        self.nqt, self.nkt = _cdiv(self.T, self.tq), _cdiv(self.S, self.tk)
+        self.nqt, self.nkt = cdiv(self.T, self.tq), cdiv(self.S, self.tk)
         self.Tp, self.Sp = self.nqt * self.tq, self.nkt * self.tk
         self.prescale = q.dtype == F32 or math.frexp(o.scale)[0] == 0.5
         self._structure()

@@ -37,6 +37,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ejkernel.device import cdiv, next_power_of_2, round_up
+
 F32 = jnp.float32
 L2_EPS = 1e-6
 
@@ -54,10 +56,6 @@ class Options:
 
 def l2_normalize(x: jax.Array) -> jax.Array:
     return x * lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + L2_EPS)
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,7 +95,7 @@ def _invert(a: jax.Array) -> jax.Array:
     n, c, _ = a.shape
     if c <= BASE_BLOCK:
         return _substitute(a)
-    p = BASE_BLOCK * (1 << (_cdiv(c, BASE_BLOCK) - 1).bit_length())
+    p = BASE_BLOCK * next_power_of_2(cdiv(c, BASE_BLOCK))
     a = jnp.pad(a, [(0, 0), (0, p - c), (0, p - c)])  # an identity block below: the inverse's corner is kept
     nb = p // BASE_BLOCK
     diag = jnp.diagonal(a.reshape(n, nb, BASE_BLOCK, nb, BASE_BLOCK), axis1=1, axis2=3)  # [n, 16, 16, nb]
@@ -277,7 +275,7 @@ def forward(
 
     if cu_seqlens is None:
         c = min(chunk, t)
-        pad = _cdiv(t, c) * c - t  # identity tokens at the end leave the state unchanged
+        pad = round_up(t, c) - t  # identity tokens at the end leave the state unchanged
         cq, ck, cv, cg, cbeta = (
             _to_chunks(jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2)), c) for x in (q, k, v, g, beta)
         )
@@ -290,7 +288,7 @@ def forward(
     cu = cu_seqlens.astype(jnp.int32)
     nc = max(1, (t + n * (c - 1)) // c)
     lens = jnp.maximum(cu[1:] - cu[:-1], 0)
-    n_chunks = (lens + c - 1) // c
+    n_chunks = cdiv(lens, c)
     first_chunk = jnp.cumsum(n_chunks) - n_chunks  # [N] first chunk of each sequence
     chunk_ids = jnp.arange(nc)
     seq = jnp.clip(jnp.searchsorted(first_chunk, chunk_ids, side="right") - 1, 0, n - 1).astype(jnp.int32)

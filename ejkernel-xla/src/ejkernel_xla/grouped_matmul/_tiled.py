@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ejkernel.device import cdiv, round_up
+
 F32 = jnp.float32
 
 
@@ -33,10 +35,6 @@ class Options:
     bwd_tile: int
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _work_items(group_sizes: jax.Array, m: int, tm: int) -> tuple[jax.Array, ...]:
     """The (tile, group) pairs to visit, sorted by group, padded to the static bound ``num_tiles + G - 1``.
 
@@ -46,8 +44,8 @@ def _work_items(group_sizes: jax.Array, m: int, tm: int) -> tuple[jax.Array, ...
     num_groups = group_sizes.shape[0]
     ends = jnp.clip(jnp.cumsum(group_sizes.astype(jnp.int32)), 0, m)
     starts = jnp.concatenate([jnp.zeros((1,), jnp.int32), ends[:-1]])
-    tiles_per_group = jnp.where(ends > starts, (ends + tm - 1) // tm - starts // tm, 0)
-    num_items = _cdiv(m, tm) + num_groups - 1
+    tiles_per_group = jnp.where(ends > starts, cdiv(ends, tm) - starts // tm, 0)
+    num_items = cdiv(m, tm) + num_groups - 1
     first_item = jnp.cumsum(tiles_per_group) - tiles_per_group
     item = jnp.arange(num_items)
     group = jnp.repeat(jnp.arange(num_groups), tiles_per_group, total_repeat_length=num_items)
@@ -75,7 +73,7 @@ def gmm(
     if m == 0:
         return jnp.zeros((0, n), out_dtype)
     tm = max(1, min(tm, m))
-    m_pad = _cdiv(m, tm) * tm
+    m_pad = round_up(m, tm)
     lhs = jnp.pad(lhs, [(0, m_pad - m), (0, 0)])
     tile, group, valid, starts, ends = _work_items(group_sizes, m, tm)
     contract = ((1,), (1,)) if transpose_rhs else ((1,), (0,))
@@ -100,7 +98,7 @@ def tgmm(lhs: jax.Array, dout: jax.Array, group_sizes: jax.Array, tm: int) -> ja
     if m == 0:
         return jnp.zeros((group_sizes.shape[0], k, n), F32)
     tm = max(1, min(tm, m))
-    m_pad = _cdiv(m, tm) * tm
+    m_pad = round_up(m, tm)
     lhs = jnp.pad(lhs, [(0, m_pad - m), (0, 0)])
     dout = jnp.pad(dout, [(0, m_pad - m), (0, 0)])
     tile, group, valid, starts, ends = _work_items(group_sizes, m, tm)

@@ -10,6 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ejkernel.device import next_power_of_2
 from ejkernel.kernels.signatures.grouped_matmul import canonical_dtype
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
@@ -22,10 +23,6 @@ DEFAULT_TILE = 128
 CANDIDATE_TILES = (32, 64, 128, 256, 512)
 # Compiled as one program also when called eagerly (op-by-op dispatch of the scans is slow to start).
 _run = jax.jit(_tiled.grouped_matmul, static_argnums=(0,))
-
-
-def _next_pow2(x: int) -> int:
-    return 1 << max(0, (int(x) - 1).bit_length())
 
 
 def default_tile(m: int, g: int) -> int:
@@ -50,7 +47,7 @@ def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
 def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
     m, g = _dims(inv)
     cls = FwdParams if stage == "fwd" else BwdParams
-    tiles = [default_tile(m, g)] + [t for t in CANDIDATE_TILES if t <= max(8, _next_pow2(m))]
+    tiles = [default_tile(m, g)] + [t for t in CANDIDATE_TILES if t <= max(8, next_power_of_2(m))]
     return [cls(q_blocksize=t) for t in dict.fromkeys(tiles)]
 
 

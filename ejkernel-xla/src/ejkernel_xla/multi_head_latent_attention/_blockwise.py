@@ -30,12 +30,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ejkernel.device import cdiv
+
 F32 = jnp.float32
 NEG_INF = -jnp.inf
-
-
-def _cdiv(a: Any, b: int) -> Any:
-    return (a + (b - 1)) // b
 
 
 def balance(block: int, n: int) -> int:
@@ -44,7 +42,7 @@ def balance(block: int, n: int) -> int:
     block = max(1, int(block))
     if n <= block:
         return max(1, n)
-    return min(block, _cdiv(_cdiv(n, _cdiv(n, block)), 8) * 8)
+    return min(block, cdiv(cdiv(n, cdiv(n, block)), 8) * 8)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +65,7 @@ class _Geometry:
         self.B, self.T, self.H, self.D = q.shape
         self.Dl = o.latent_dim
         self.bq = balance(blocks[0], self.T)
-        self.nq = _cdiv(self.T, self.bq)
+        self.nq = cdiv(self.T, self.bq)
         self.Tp = self.nq * self.bq
         self.paged = tables is not None
         if self.paged:
@@ -75,18 +73,18 @@ class _Geometry:
             maxp = tables.shape[1]
             self.ppb = max(1, min(maxp, blocks[1] // self.page))  # pages per key block
             self.bk = self.ppb * self.page
-            self.nk = _cdiv(maxp, self.ppb)
+            self.nk = cdiv(maxp, self.ppb)
             self.lens = jnp.clip(jnp.asarray(lens).astype(jnp.int32), 0, maxp * self.page)
             # Entries past the pages in use may hold anything: read page 0 there (masked out anyway).
             p = jnp.arange(self.nk * self.ppb, dtype=jnp.int32)[None, :]
             t = jnp.pad(jnp.asarray(tables).astype(jnp.int32), ((0, 0), (0, self.nk * self.ppb - maxp)))
-            t = jnp.where(p < _cdiv(self.lens, self.page)[:, None], jnp.clip(t, 0, kv.shape[0] - 1), 0)
+            t = jnp.where(p < cdiv(self.lens, self.page)[:, None], jnp.clip(t, 0, kv.shape[0] - 1), 0)
             self.tables = t.reshape(self.B, self.nk, self.ppb)
             length = self.lens
         else:
             self.S = kv.shape[1]
             self.bk = balance(blocks[1], self.S)
-            self.nk = _cdiv(self.S, self.bk)
+            self.nk = cdiv(self.S, self.bk)
             length = jnp.full((self.B,), self.S, jnp.int32)
         # Row i of batch b sees keys [0, L_b), with causal [0, i + L_b - T]. A query block visits the
         # key blocks that any of its rows sees in any batch.
@@ -94,7 +92,7 @@ class _Geometry:
         hi = jnp.broadcast_to(length[None, :], (self.nq, self.B))
         if o.causal:
             hi = jnp.minimum(hi, last_row[:, None] + length[None, :] - self.T + 1)
-        self.n_blocks = _cdiv(jnp.maximum(hi, 0).max(axis=1), self.bk)  # [nq]
+        self.n_blocks = cdiv(jnp.maximum(hi, 0).max(axis=1), self.bk)  # [nq]
         # Dense blocks need a mask only for causality or where the last block overlaps the one before.
         self.masked = self.paged or o.causal or self.S % self.bk != 0
 

@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ejkernel.device import cdiv
+
 F32 = jnp.float32
 NEG_INF = -jnp.inf
 
@@ -34,10 +36,6 @@ NEG_INF = -jnp.inf
 KEYS_PER_STEP = 256
 GATHER_ELEMENTS = 1 << 19
 MIN_Q_TILE = 8
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,18 +81,18 @@ class _Plan:
         self.G = self.H // self.K
         self.N = idx.shape[-1]
         self.bs = o.block_size
-        self.nb = _cdiv(self.S, self.bs)
+        self.nb = cdiv(self.S, self.bs)
         dq, dk = default_tiles(self.B, self.T, self.K, self.N, self.bs, self.D)
         self.tq = max(1, min(tiles[0] or dq, self.T))
         self.ns = max(1, min((tiles[1] or dk) // self.bs, self.N))
-        self.ng = _cdiv(self.N, self.ns)
-        self.nqt = _cdiv(self.T, self.tq)
+        self.ng = cdiv(self.N, self.ns)
+        self.nqt = cdiv(self.T, self.tq)
         self.Tp = self.nqt * self.tq
         self.prescale = q.dtype == F32 or math.frexp(o.scale)[0] == 0.5
         idx = jnp.pad(idx, ((0, 0), (0, self.Tp - self.T), (0, 0), (0, self.ng * self.ns - self.N)), constant_values=-1)
         self.idx = idx.reshape(self.B, self.nqt, self.tq, self.K, self.ng * self.ns).transpose(1, 0, 2, 3, 4)
         # Slot groups a tile uses: unused slots are last, so it is the tile's longest run of used ones.
-        self.groups = _cdiv_arr((self.idx >= 0).sum(axis=-1).max(axis=(1, 2, 3)), self.ns)  # [nqt]
+        self.groups = cdiv((self.idx >= 0).sum(axis=-1).max(axis=(1, 2, 3)), self.ns)  # [nqt]
         pos = jnp.arange(self.Tp, dtype=jnp.int32) + (self.S - self.T)  # aligned key position of every row
         self.pos = jnp.where(jnp.arange(self.Tp) < self.T, pos, -1).reshape(self.nqt, self.tq)
 
@@ -166,10 +164,6 @@ class _Plan:
         if self.o.causal:
             allowed = allowed & (keys <= pos[None, :, None, None, None])
         return jnp.where(allowed.reshape(self.B, self.tq, self.K, 1, m), s, NEG_INF)
-
-
-def _cdiv_arr(a: jax.Array, b: int) -> jax.Array:
-    return (a + (b - 1)) // b
 
 
 def forward(o: Options, arrays: tuple[Any, ...]) -> tuple[jax.Array, jax.Array]:

@@ -20,13 +20,13 @@ own handling of empty rows. Query rows past ``query_seq_lengths`` are set to zer
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from ejkernel.device import first_gpu
 from ejkernel.kernels.params import BwdParams, FwdParams
 from ejkernel.kernels.signatures.flash_attention import normalize_window
 
@@ -37,13 +37,10 @@ HEAD_DIMS = tuple(range(8, 129, 8))
 HOPPER_HEAD_DIMS = tuple(range(8, 257, 8))
 
 
-@functools.cache
 def hopper_or_later() -> bool:
-    """Whether the first GPU is sm_90 or newer (False where there is no GPU)."""
-    try:
-        return float(jax.devices("gpu")[0].compute_capability) >= 9.0
-    except (RuntimeError, AttributeError, ValueError, IndexError):
-        return False
+    """Whether the first GPU is an NVIDIA sm_90 or newer (False where there is none)."""
+    gpu = first_gpu()
+    return gpu is not None and gpu.has_capability(9, 0)
 
 
 def _describe(dims: Sequence[int]) -> str:

@@ -7,6 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ejkernel.device import cdiv
 from ejkernel.kernels.signatures.multi_head_latent_attention import resolve_latent_dim
 
 
@@ -16,7 +17,7 @@ def gather_pages(kv_cache: jax.Array, block_tables: jax.Array, cache_seqlens: ja
     stands in for them; their keys are masked out anyway)."""
     page = kv_cache.shape[1]
     b, maxp = block_tables.shape
-    pages_used = (cache_seqlens[:, None] + page - 1) // page
+    pages_used = cdiv(cache_seqlens[:, None], page)
     tables = jnp.where(jnp.arange(maxp)[None, :] < pages_used, block_tables, 0)
     return kv_cache[tables].reshape(b, maxp * page, kv_cache.shape[-1])
 

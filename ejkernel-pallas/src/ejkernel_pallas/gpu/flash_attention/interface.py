@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ejkernel.device import first_gpu, fold_vmap, round_up, shared_memory_per_block
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_pallas.gpu.flash_attention._kernels import BLOCK_Q, CONSUMERS, Geometry, backward, forward
@@ -32,14 +33,10 @@ HEAD_DIMS = (64, 128, 256)
 Q_ROWS = CONSUMERS * BLOCK_Q  # query rows per CTA
 _KV_BLOCKS = (64, 128, 256)
 _STAGES = (2, 3, 4)
-# Dynamic shared memory per block on Hopper is 227 KiB; Mosaic GPU aligns buffers and adds the
-# barriers (seen on an H200: 2.6 KiB over the sum of the buffers), so the buffers get 3 KiB less.
-_SMEM_LIMIT = 227 * 1024 - 3 * 1024
+# Hopper's opt-in shared memory per block, less 3 KiB: Mosaic GPU aligns buffers and adds the
+# barriers (seen on an H200: 2.6 KiB over the sum of the buffers).
+_SMEM_LIMIT = shared_memory_per_block((9, 0)) - 3 * 1024
 _BWD_BLOCK = 512
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
 
 
 def _padded_head_dim(d: int) -> int:
@@ -48,12 +45,9 @@ def _padded_head_dim(d: int) -> int:
 
 def _gpu_too_old() -> str | None:
     """A reason when the local GPU is not a Hopper (or newer) part; ``None`` when it is or none is visible."""
-    try:
-        devices = jax.devices("gpu")
-    except RuntimeError:
-        return None
-    cc = getattr(devices[0], "compute_capability", None) if devices else None
-    if cc is not None and float(cc) < 9.0:
+    gpu = first_gpu()
+    if gpu is not None and gpu.compute_capability is not None and not gpu.has_capability(9, 0):
+        cc = ".".join(map(str, gpu.compute_capability))
         return f"compute capability {cc} (the Mosaic GPU kernel needs Hopper, sm_90: TMA and wgmma)"
     return None
 
@@ -90,7 +84,7 @@ def _fwd_blocks(s: int, d: int, kv_blocksize: int | None, num_stages: int | None
     """(key block, stages): the defaults are the largest key block that fits two stages and the registers."""
     dp = _padded_head_dim(d)
     bk = kv_blocksize or {64: 256, 128: 128, 256: 64}[dp]
-    bk = min(_round_up(max(int(bk), 64), 64), _round_up(s, 64), 256)
+    bk = min(round_up(max(int(bk), 64), 64), round_up(s, 64), 256)
     return bk, int(num_stages or 2)
 
 
@@ -106,13 +100,13 @@ def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
     if stage == "fwd":
         bk, stages = _fwd_blocks(s, d, None, None)
         return FwdParams(q_blocksize=Q_ROWS, kv_blocksize=bk, num_stages=stages)
-    return BwdParams(kv_blocksize=min(_BWD_BLOCK, _round_up(s, 64)))
+    return BwdParams(kv_blocksize=min(_BWD_BLOCK, round_up(s, 64)))
 
 
 def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
     s, d = int(inv.arguments["key"].shape[1]), int(inv.arguments["query"].shape[-1])
     if stage != "fwd":
-        return [BwdParams(kv_blocksize=min(b, _round_up(s, 64))) for b in (256, 512, 1024)]
+        return [BwdParams(kv_blocksize=min(b, round_up(s, 64))) for b in (256, 512, 1024)]
     out: list[FwdParams | BwdParams] = []
     for want in _KV_BLOCKS:
         for stages in _STAGES:
@@ -129,23 +123,6 @@ def _pad(x: Any, axis: int, size: int) -> Any:
     widths = [(0, 0)] * x.ndim
     widths[axis] = (0, size - x.shape[axis])
     return jnp.pad(x, widths)
-
-
-def _batched_forward(geo: Geometry, interpret: Any) -> Any:
-    """The forward kernel, made vmappable: a vmapped axis is folded into the batch (one bigger grid)."""
-
-    @jax.custom_batching.custom_vmap
-    def call(q: Any, k: Any, v: Any) -> Any:
-        return forward(geo, q, k, v, interpret)
-
-    @call.def_vmap
-    def _rule(axis_size: int, in_batched: Any, q: Any, k: Any, v: Any) -> Any:
-        xs = [x if bat else jnp.broadcast_to(x, (axis_size, *x.shape)) for x, bat in zip((q, k, v), in_batched)]
-        out, lse = call(*(x.reshape(axis_size * x.shape[1], *x.shape[2:]) for x in xs))
-        unfold = lambda y: y.reshape(axis_size, y.shape[0] // axis_size, *y.shape[1:])  # noqa: E731
-        return (unfold(out), unfold(lse)), (True, True)
-
-    return call
 
 
 def _attention(
@@ -180,7 +157,7 @@ def _attention(
     dp = _padded_head_dim(d)
     scale = float(d**-0.5 if softmax_scale is None else softmax_scale)
     geo = Geometry(
-        t=t, s=s, tp=_round_up(t, Q_ROWS), sp=_round_up(s, bk), d=dp, bk=bk, stages=stages, group=h // kh,
+        t=t, s=s, tp=round_up(t, Q_ROWS), sp=round_up(s, bk), d=dp, bk=bk, stages=stages, group=h // kh,
         scale=scale, causal=bool(causal), dtype=str(np.dtype(query.dtype)),
     )  # fmt: skip
     if geo.smem_bytes > _SMEM_LIMIT:
@@ -188,8 +165,9 @@ def _attention(
             f"flash_attention (pallas:gpu): kv_blocksize={bk}, num_stages={stages} at D={dp} need "
             f"{geo.smem_bytes} bytes of shared memory (at most {_SMEM_LIMIT})"
         )
-    bwd_block = int(bwd_p.kv_blocksize or min(_BWD_BLOCK, _round_up(s, 64)))
-    kernel = _batched_forward(geo, interpret)
+    bwd_block = int(bwd_p.kv_blocksize or min(_BWD_BLOCK, round_up(s, 64)))
+    # vmap folds into the batch (one bigger grid): every row of q, k, v, out and lse is one batch's
+    kernel = fold_vmap(lambda q, k, v: forward(geo, q, k, v, interpret), in_axes=(0, 0, 0), out_axes=(0, 0))
 
     @jax.custom_vjp
     def run(q: Any, k: Any, v: Any) -> Any:

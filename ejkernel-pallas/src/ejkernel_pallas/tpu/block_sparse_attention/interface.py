@@ -43,6 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
+from ejkernel.device import round_up
 from ejkernel.kernels.signatures.block_sparse_attention import block_sparse_mask
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
@@ -56,10 +57,6 @@ MAX_TILE = 2048  # tokens: a key tile of 2048 x 128 bfloat16, keys and values do
 _TILES = (128, 256, 512)
 
 
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
-
-
 def sublanes(dtype: Any) -> int:
     """Rows of a vector register tile: 8 of 32 bits (16 for bfloat16)."""
     return 8 * (4 // jnp.dtype(dtype).itemsize)
@@ -70,7 +67,7 @@ def tile(n: int, unit: int, align: int, wanted: int) -> int | None:
     ``wanted`` covers it, else a multiple of ``unit`` (the mask block) and ``align`` near ``wanted``, at most
     ``MAX_TILE``. None when no such tile exists (``lcm(unit, align)`` and the whole axis exceed ``MAX_TILE``).
     Idempotent: a returned tile, asked for again, is returned."""
-    whole = _round_up(n, unit)
+    whole = round_up(n, unit)
     step = math.lcm(unit, align)
     if whole <= MAX_TILE and (wanted >= whole or step >= whole):
         return whole  # one tile: its blocks are the arrays' whole dims, any size

@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
+from ejkernel.device import round_up
 from ejkernel.kernels.signatures.flash_attention import normalize_window
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
@@ -25,10 +26,6 @@ from ejkernel_pallas.tpu.flash_attention._kernels import Geometry, backward, for
 SUPPORTED_DTYPES = ("float32", "bfloat16")
 # Blocks are multiples of 128 (the lane width) so every block spec tiles the TPU's (8, 128) layout.
 _BLOCKS = (128, 256, 512)
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
 
 
 def supports(inv: Any) -> str | None:
@@ -52,7 +49,7 @@ def _block(n: int, wanted: int | None) -> int:
     """The block for a length ``n``: ``wanted`` (default 128 below 1024, else 512), at most ``n`` rounded up to 128."""
     if wanted is None:
         wanted = 128 if n < 1024 else 512
-    return min(_round_up(max(int(wanted), 128), 128), _round_up(n, 128))
+    return min(round_up(max(int(wanted), 128), 128), round_up(n, 128))
 
 
 def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
@@ -122,7 +119,7 @@ def _attention(
 
     def layout(geo: Geometry, q: Any, k: Any, v: Any, bias: Any, qseg: Any, kseg: Any) -> Any:
         """Head-leading, padded to the blocks; the optional inputs in the order the kernels take them."""
-        tp, sp = _round_up(t, geo.bq), _round_up(s, geo.bk)
+        tp, sp = round_up(t, geo.bq), round_up(s, geo.bk)
         qh = _pad(q.transpose(0, 2, 1, 3), 2, tp)
         kh_, vh = _pad(k.transpose(0, 2, 1, 3), 2, sp), _pad(v.transpose(0, 2, 1, 3), 2, sp)
         extras = []

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
+from ejkernel.device import cdiv
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_pallas.tpu.gla._kernels import LAST, RESET, SUB, Geometry, backward, forward
@@ -99,7 +100,7 @@ def _plan(t: int, chunk: int, cu_seqlens: jax.Array | None) -> Plan:
     cu = jnp.clip(cu_seqlens.astype(jnp.int32), 0, t)
     start, end = cu[:-1], cu[1:]
     lengths = jnp.maximum(end - start, 0)
-    chunks = (lengths + chunk - 1) // chunk
+    chunks = cdiv(lengths, chunk)
     first = jnp.cumsum(chunks) - chunks  # first chunk of each sequence
     used = jnp.sum(chunks)
     c = jnp.arange(n_chunks)

@@ -30,6 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
+from ejkernel.device import round_up
 from ejkernel.kernels.signatures.grouped_matmul import canonical_dtype
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
@@ -40,10 +41,6 @@ _LANES = 128
 _SUBLANES = 16  # a bfloat16 vreg holds 16 rows
 _TILES = (128, 256, 512)
 _MAX_K_TILE_BYTES = 2048  # per row of a K block: all of K up to 1024 (bfloat16) or 512 (float32)
-
-
-def _round_up(x: int, m: int) -> int:
-    return -(-x // m) * m
 
 
 def supports(inv: Any) -> str | None:
@@ -67,26 +64,26 @@ def row_tile(m: int, wanted: int | None) -> int:
         raise ValueError(
             f"grouped_matmul (pallas:tpu): the row tile (q_blocksize) must be a positive int, got {wanted!r}"
         )
-    return min(_round_up(wanted, _LANES), _round_up(max(m, 1), _SUBLANES))
+    return min(round_up(wanted, _LANES), round_up(max(m, 1), _SUBLANES))
 
 
 def col_tile(n: int, wanted: int | None) -> int:
     """``tn``: ``wanted`` (default: the largest of 512, 256, 128 dividing ``n`` rounded up to 128) as a multiple
     of 128, at most ``n`` rounded up to 128."""
-    n128 = _round_up(max(n, 1), _LANES)
+    n128 = round_up(max(n, 1), _LANES)
     if wanted is None:
         wanted = next(t for t in reversed(_TILES) if n128 % t == 0)
     if not isinstance(wanted, int) or wanted < 1:
         raise ValueError(
             f"grouped_matmul (pallas:tpu): the N tile (kv_blocksize) must be a positive int, got {wanted!r}"
         )
-    return min(_round_up(wanted, _LANES), n128)
+    return min(round_up(wanted, _LANES), n128)
 
 
 def k_tile(k: int, itemsize: int) -> int:
     """``tk``: all of ``k`` rounded up to 128 up to 2 KiB per row (1024 bfloat16, 512 float32), else the largest
     of 512, 256, 128 dividing it."""
-    k128 = _round_up(max(k, 1), _LANES)
+    k128 = round_up(max(k, 1), _LANES)
     if k128 * itemsize <= _MAX_K_TILE_BYTES:
         return k128
     return next(t for t in reversed(_TILES) if k128 % t == 0)
@@ -148,7 +145,7 @@ def _grouped_matmul(
         return jnp.zeros((m, n), out_dtype)
     fwd_p, bwd_p = fwd_params or FwdParams(), bwd_params or BwdParams()
     tk = k_tile(k, jnp.dtype(lhs.dtype).itemsize)
-    k_pad = _round_up(k, tk)
+    k_pad = round_up(k, tk)
 
     def pad_rhs(r: jax.Array, n_pad: int) -> jax.Array:
         return _pad(r, (num_groups, n_pad, k_pad) if transpose_rhs else (num_groups, k_pad, n_pad))
@@ -159,7 +156,7 @@ def _grouped_matmul(
 
     def fwd(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> Any:
         tm, tn = row_tile(m, fwd_p.q_blocksize), col_tile(n, fwd_p.kv_blocksize)
-        m_pad, n_pad = _round_up(m, tm), _round_up(n, tn)
+        m_pad, n_pad = round_up(m, tm), round_up(n, tn)
         geo = GmmGeometry(tm=tm, tc=tk, to=tn, transpose_rhs=transpose_rhs, compute_dtype=lhs.dtype.name)
         sched = schedule(group_sizes, m, m_pad, tm, for_tgmm=False)
         out = gmm(geo, sched, _pad(lhs, (m_pad, k_pad)), pad_rhs(rhs, n_pad), out_dtype, interpret)
@@ -168,7 +165,7 @@ def _grouped_matmul(
     def bwd(res: Any, dout: jax.Array) -> Any:
         lhs, rhs, group_sizes = res
         tm, tn = row_tile(m, bwd_p.q_blocksize), col_tile(n, bwd_p.kv_blocksize)
-        m_pad, n_pad = _round_up(m, tm), _round_up(n, tn)
+        m_pad, n_pad = round_up(m, tm), round_up(n, tn)
         dtype = lhs.dtype.name
         dout_p = _pad(dout, (m_pad, n_pad))
         rhs_p = pad_rhs(rhs, n_pad)

@@ -54,6 +54,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from ejkernel.device import cdiv
+
 F32 = jnp.float32
 I32 = jnp.int32
 LANES = 128
@@ -63,10 +65,6 @@ NO_KEYS = -(1 << 30)  # the row limit of a padding row: admits no key
 FIELDS = ("length", "end", "blocks", "last_col")
 NF = len(FIELDS)
 _F = {name: i for i, name in enumerate(FIELDS)}
-
-
-def cdiv(a: Any, b: int) -> Any:
-    return (a + b - 1) // b
 
 
 @dataclasses.dataclass(frozen=True)

@@ -35,10 +35,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
+from ejkernel.device import cdiv, round_up
 from ejkernel.kernels.signatures.multi_head_latent_attention import resolve_latent_dim
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
-from ejkernel_pallas.tpu.multi_head_latent_attention._kernels import F32, I32, Geometry, backward, cdiv, forward
+from ejkernel_pallas.tpu.multi_head_latent_attention._kernels import F32, I32, Geometry, backward, forward
 
 SUPPORTED_DTYPES = ("float32", "bfloat16")
 MAX_QUERIES = 16  # queries per sequence served: decode and speculative decode
@@ -51,10 +52,6 @@ KV_VMEM_BYTES = 8 << 20  # the double-buffered key block
 MAX_PAGES_PER_BLOCK = 16  # one block spec per page: more would mostly lengthen the kernel's prologue
 # Keys per block worth timing; the backward holds more [bk, D] tiles (float32 dKV, dS^T Q) and stops earlier.
 _CANDIDATE_KEYS = {"fwd": (128, 256, 512, 1024), "bwd": (128, 256, 512)}
-
-
-def _round_up(x: int, m: int) -> int:
-    return cdiv(x, m) * m
 
 
 def supports(inv: Any) -> str | None:
@@ -75,15 +72,15 @@ def supports(inv: Any) -> str | None:
 def _tiles(rows: int, wanted: int | None, stage: str) -> tuple[int, int]:
     """``(bq, nr)``: rows per tile (a multiple of ``ALIGN[stage]``) and tiles, as even as that number allows."""
     align = ALIGN[stage]
-    most = _round_up(max(1, DEFAULT_ROWS[stage] if wanted is None else int(wanted)), align)
+    most = round_up(max(1, DEFAULT_ROWS[stage] if wanted is None else int(wanted)), align)
     nr = cdiv(max(rows, 1), most)
-    return _round_up(cdiv(max(rows, 1), nr), align), nr
+    return round_up(cdiv(max(rows, 1), nr), align), nr
 
 
 def _keys(wanted: int | None, stage: str, d: int, dtype: Any) -> int:
     """Keys per block wanted, within the VMEM budget of the double-buffered ``[bk, D]`` block."""
     tokens = DEFAULT_KEYS[stage] if wanted is None else max(1, int(wanted))
-    row_bytes = _round_up(d, 128) * jnp.dtype(dtype).itemsize
+    row_bytes = round_up(d, 128) * jnp.dtype(dtype).itemsize
     return max(1, min(tokens, KV_VMEM_BYTES // (2 * row_bytes)))
 
 
@@ -98,10 +95,10 @@ def _key_blocks(tokens: int, stage: str, paged: bool, s_or_page: int, maxp: int)
         ppb = max(1, min(maxp, MAX_PAGES_PER_BLOCK, tokens // page))
         step = align // math.gcd(page, align)  # pages that make an aligned block
         if ppb % step and step <= MAX_PAGES_PER_BLOCK:
-            ppb = _round_up(ppb, step)
+            ppb = round_up(ppb, step)
         return ppb * page, cdiv(maxp, ppb), ppb
     s = s_or_page
-    bk = _round_up(min(tokens, s), align)
+    bk = round_up(min(tokens, s), align)
     return bk, cdiv(s, bk), 0
 
 

@@ -24,6 +24,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ejkernel.device import cdiv
+
 from ejkernel_pallas.tpu._paged import I32, Geometry, Items, paged_attention
 
 BIG = jnp.iinfo(jnp.int32).max
@@ -55,7 +57,7 @@ def plan(cu_q_lens: jax.Array, kv_lens: jax.Array, num_seqs: Any, t: int, r: int
     q_start = cu[:-1]
     q_len = jnp.where(live, jnp.maximum(cu[1:] - q_start, 0), 0)
     kv = kv_lens.astype(I32)
-    per_seq = (q_len + r - 1) // r
+    per_seq = cdiv(q_len, r)
     item_end = jnp.cumsum(per_seq).astype(I32)
     item_first = item_end - per_seq
 
