@@ -60,7 +60,8 @@ def test_sdpa_cudnn_serves(kwargs):
         ({"mask": S((2, 1, 128, 128), jnp.bool_)}, "mask is not served"),
         ({"bias": S((2, 8, 128, 128), jnp.float32)}, "bias in the query's dtype bfloat16, got float32"),
         ({"bias": S((2, 8, 127, 128), jnp.bfloat16), "t": 127}, "even T and S"),
-        ({"t": 53, "s": 37, "is_causal": True}, "is_causal with T != S"),  # seen failing inside cuDNN on the H200
+        ({"t": 53, "s": 37, "is_causal": True}, "is_causal (jax passes it as a bias)"),  # seen failing on the H200
+        ({"t": 1031, "s": 1031, "is_causal": True}, "only with even T and S"),  # likewise, T == S odd
         ({"local_window_size": 16}, "without a right side"),
         ({"local_window_size": (4, 0), "t": 200, "s": 100}, "leaves query rows without keys"),
     ],
@@ -78,6 +79,8 @@ def test_flash_attention_cudnn_keeps_its_rules():
     assert "head dims 64 and 128 with Dv == D, got D=72" in flash(d=72)
     assert "bfloat16 or float16" in flash(dtype=jnp.float32)
     assert "(bottom-right alignment)" in flash(t=64, causal=True)
+    assert "causal with an odd length" in flash(t=1031, s=1031, causal=True)  # the H200 refused it in cuDNN
+    assert flash(t=1031, s=1031) is None
     assert "logits_soft_cap" in flash(logits_soft_cap=5.0)
 
 

@@ -36,6 +36,8 @@ def supports(inv: Any) -> str | None:
         return "dropout is not served by the cuDNN path"
     if a.get("causal") and q.shape[1] != k.shape[1]:
         return "causal with T != S (bottom-right alignment) is not served by the cuDNN path"
+    if a.get("causal") and q.shape[1] % 2:  # jax 0.11 hands cuDNN the causal mask as a bias: even lengths only
+        return f"causal with an odd length (T = S = {q.shape[1]}) is not served by the cuDNN path"
     return None
 
 

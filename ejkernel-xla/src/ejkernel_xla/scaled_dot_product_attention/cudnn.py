@@ -10,7 +10,7 @@ and what it does differently from the contract, so that the chain picks another 
 - ``mask``: jax hands cuDNN a boolean mask as a large negative bias, so a row it masks whole would
   average the values instead of giving zeros;
 - a bias in another dtype than the query's, or (for its gradient) with an odd T or S; likewise
-  ``is_causal`` with T != S, which jax 0.11 hands cuDNN as a bias;
+  ``is_causal`` with an odd T or S, which jax 0.11 hands cuDNN as a bias;
 - windows with a right side (cuDNN's window is ``(i - left - 1, i]``), and windows that leave a query
   row without any key (``T > S + left``).
 
@@ -108,9 +108,10 @@ def supports(inv: Any) -> str | None:
     bias = a.get("bias")
     if bias is not None and str(bias.dtype) != str(q.dtype):
         return f"the cuDNN path takes a bias in the query's dtype {q.dtype}, got {bias.dtype}"
-    # jax 0.11 hands cuDNN a causal mask with T != S as a bias, so the even-length rule applies there too.
-    if (bias is not None or (a.get("is_causal") and t != s)) and (t % 2 or s % 2):
-        what = "a bias" if bias is not None else "is_causal with T != S (jax passes it as a bias)"
+    # jax 0.11 hands cuDNN a causal mask as a bias, so the even-length rule applies there too (seen on the
+    # H200 with T = S = 1031: "Unsupported sequence length Q 1031, KV 1031").
+    if (bias is not None or a.get("is_causal")) and (t % 2 or s % 2):
+        what = "a bias" if bias is not None else "is_causal (jax passes it as a bias)"
         return f"the cuDNN path serves {what} only with even T and S (for its gradient), got T={t}, S={s}"
     window = a.get("local_window_size")
     if window is not None:
