@@ -1,5 +1,6 @@
-"""The XLA ring attention: keys/values travel by ``ppermute`` (never gathered), causal work is skipped or
-balanced, and training memory per device is O(T)."""
+"""The ring attention of ejkernel-xla (the core's ring schedule on this plugin's block kernel): keys/values
+travel by ``ppermute`` (never gathered), causal work is skipped or balanced, and training memory per device
+is O(T)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
+from ejkernel.schedules.ring import RingOptions, step_bounds
 
 from ejkernel_xla.ring_attention import ring_attention
-from ejkernel_xla.ring_attention._ring import RingOptions, _row_bounds
 
 N = 4
 pytestmark = pytest.mark.skipif(
@@ -57,7 +58,7 @@ def test_training_memory_per_device_is_linear_in_length():
 def _admitted(layout: str, me: int, src: int, t: int) -> int:
     """How many (query, key) pairs device ``me`` attends with the shard of device ``src`` (causal)."""
     o = RingOptions(scale=1.0, causal=True, axis_name="sp", layout=layout)
-    lo, hi = _row_bounds(o, N, jnp.int32(me), jnp.int32(src), t, t)
+    lo, hi = step_bounds(o, N, jnp.int32(me), jnp.int32(src), t, t)
     return int(jnp.maximum(hi - lo, 0).sum())
 
 

@@ -35,11 +35,33 @@ def _register_flash_attention(registry, backend: str, priority: int, name: str) 
     )
 
 
+def _register_attention_block(registry, backend: str, priority: int, name: str) -> None:  # noqa: ANN001
+    """The attention-block contract (forward and backward ops) on the same kernels: what a ring step runs."""
+    block = f"{_MODULE}.block"
+    for op, prefix, params in (("flash_attention_block", "", None), ("flash_attention_block_bwd", "bwd_", "bwd")):
+        registry.register(
+            op,
+            "triton",
+            backend,
+            priority=priority,
+            name=name,
+            impl=f"{block}:{op}",
+            supports=f"{block}:supports",
+            heuristic_cfg=f"{block}:{prefix}heuristic_cfg",
+            candidate_cfgs=f"{block}:{prefix}candidate_cfgs",
+            fwd_params="ejkernel.kernels.params:BwdParams" if params else None,
+            version=__version__,
+        )
+
+
 @hookimpl
 def ejkernel_register_kernels(registry) -> None:  # noqa: ANN001
     _register_flash_attention(registry, "gpu", 100, "triton")
     if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":  # tests on CPU run the interpreter
         _register_flash_attention(registry, "cpu", 1, "triton_interpret")
+    _register_attention_block(registry, "gpu", 100, "triton")
+    if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
+        _register_attention_block(registry, "cpu", 1, "triton_interpret")
 
 
 def _missing_dependency() -> str | None:

@@ -397,7 +397,10 @@ def _forward(cfg: _Cfg, q: Any, k: Any, v: Any, bias: Any, aux: dict[str, Any]) 
     return run(q, k, v, bias, aux)
 
 
-def _launch_forward(cfg: _Cfg, q: Any, k: Any, v: Any, bias: Any, aux: dict[str, Any]) -> tuple[jax.Array, jax.Array]:
+def _launch_forward(
+    cfg: _Cfg, q: Any, k: Any, v: Any, bias: Any, aux: dict[str, Any], out_dtype: Any = None
+) -> tuple[jax.Array, jax.Array]:
+    """``(o, lse)``; ``o`` in ``out_dtype`` (default ``q.dtype``; the attention block asks float32)."""
     kern, launch = _kernels(), _launch_module()
     b, t, h, d = q.shape
     dv = v.shape[-1]
@@ -417,7 +420,10 @@ def _launch_forward(cfg: _Cfg, q: Any, k: Any, v: Any, bias: Any, aux: dict[str,
         hi_a,
         aux["seed"],
         *scalars,
-        out_shape=(jax.ShapeDtypeStruct((b, t, h, dv), q.dtype), jax.ShapeDtypeStruct((b, h, t), jnp.float32)),
+        out_shape=(
+            jax.ShapeDtypeStruct((b, t, h, dv), out_dtype or q.dtype),
+            jax.ShapeDtypeStruct((b, h, t), jnp.float32),
+        ),
         grid=(cdiv(t, bm), h, b),
         num_warps=warps,
         num_stages=stages,
@@ -463,7 +469,9 @@ def _bwd_operands(
     return (q, k, v, *arrays), (aux["seed"], do, lse, delta), scalars, cx
 
 
-def _bwd_dkdv(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _bwd_dkdv(
+    cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array, out_dtype: Any = None
+) -> tuple[jax.Array, jax.Array]:
     kern, launch = _kernels(), _launch_module()
     k, v, bias, aux = res[1:5]
     b, s, kh, _ = k.shape
@@ -476,7 +484,10 @@ def _bwd_dkdv(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array) 
         aux["col_hi"],
         *grads,
         *scalars,
-        out_shape=(jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)),
+        out_shape=(
+            jax.ShapeDtypeStruct(k.shape, out_dtype or k.dtype),
+            jax.ShapeDtypeStruct(v.shape, out_dtype or v.dtype),
+        ),
         grid=(cdiv(s, held), kh, b),
         num_warps=warps,
         num_stages=stages,
@@ -489,7 +500,7 @@ def _bwd_dkdv(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array) 
     return dk, dv
 
 
-def _bwd_dq(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array) -> jax.Array:
+def _bwd_dq(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array, out_dtype: Any = None) -> jax.Array:
     kern, launch = _kernels(), _launch_module()
     q, bias = res[0], res[3]
     b, t, h, _ = q.shape
@@ -500,7 +511,7 @@ def _bwd_dq(cfg: _Cfg, res: tuple[Any, ...], do: jax.Array, delta: jax.Array) ->
         *rows,
         *grads,
         *scalars,
-        out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype),),
+        out_shape=(jax.ShapeDtypeStruct(q.shape, out_dtype or q.dtype),),
         grid=(cdiv(t, held), h, b),
         num_warps=warps,
         num_stages=stages,

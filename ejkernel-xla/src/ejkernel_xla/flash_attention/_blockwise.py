@@ -33,6 +33,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from ejkernel.device import cdiv
 from ejkernel.kernels.signatures.flash_attention import dropout_keep
 
 F32 = jnp.float32
@@ -46,17 +47,13 @@ TILE_ELEMENTS = 1 << 20
 MIN_BLOCK = 64
 
 
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def _balance(block: int, n: int) -> int:
     """The block size used for length ``n``: at most ``block``, as even as the same number of blocks
     allows (a multiple of 8), so that padding stays small (n=300, block=256: 152, not 256)."""
     block = max(1, int(block))
     if n <= block:
         return max(1, n)
-    return min(block, _cdiv(_cdiv(n, _cdiv(n, block)), 8) * 8)
+    return min(block, cdiv(cdiv(n, cdiv(n, block)), 8) * 8)
 
 
 def default_blocks(b: int, h: int, t: int, s: int) -> tuple[int, int]:
@@ -124,7 +121,7 @@ class _Ctx:
         self.G = self.H // self.K
         dq, dk = default_blocks(self.B, self.H, self.T, self.S)
         self.bq, self.bk = _balance(blocks[0] or dq, self.T), _balance(blocks[1] or dk, self.S)
-        self.nq, self.nk = _cdiv(self.T, self.bq), _cdiv(self.S, self.bk)
+        self.nq, self.nk = cdiv(self.T, self.bq), cdiv(self.S, self.bk)
         self.Tp, self.Sp = self.nq * self.bq, self.nk * self.bk
         self.seed = o.static_seed if seed is None else seed
         self.dropout = o.dropout_prob > 0
@@ -236,8 +233,8 @@ class _Ctx:
         # Key blocks [kv_lo, kv_hi) of every query block: the hull of what its rows see; of those,
         # [kv_flo, kv_fhi) are seen whole by every row (rows past T are padding: they do not count).
         kv_lo = klo.reshape(nq, bq).min(axis=1) // bk
-        kv_hi = _cdiv_arr(khi.reshape(nq, bq).max(axis=1), bk)
-        flo = jnp.clip(_cdiv_arr(jnp.where(i < T, klo, 0).reshape(nq, bq).max(axis=1), bk), kv_lo, kv_hi)
+        kv_hi = cdiv(khi.reshape(nq, bq).max(axis=1), bk)
+        flo = jnp.clip(cdiv(jnp.where(i < T, klo, 0).reshape(nq, bq).max(axis=1), bk), kv_lo, kv_hi)
         fhi = jnp.clip(jnp.where(i < T, khi, Sp).reshape(nq, bq).min(axis=1) // bk, flo, kv_hi)
         self.kv_lo, self.kv_hi, self.kv_flo, self.kv_fhi = (x.astype(jnp.int32) for x in (kv_lo, kv_hi, flo, fhi))
         # Query blocks [q_lo, q_hi) of every key block: the hull of those that see it, and the run
@@ -346,10 +343,6 @@ class _Ctx:
         if not self.data_mask:
             return fn(operand)
         return lax.cond(jnp.any(allowed), fn, lambda x: x, operand)
-
-
-def _cdiv_arr(a: jax.Array, b: int) -> jax.Array:
-    return (a + (b - 1)) // b
 
 
 # ---- forward --------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from typing import Any
 from ejkernel.kernels.signatures import attention as _attention
 from ejkernel.kernels.signatures import block_sparse_attention as _block_sparse_attention
 from ejkernel.kernels.signatures import flash_attention as _flash_attention
+from ejkernel.kernels.signatures import flash_attention_block as _flash_attention_block
 from ejkernel.kernels.signatures import gated_delta_rule as _gated_delta_rule
 from ejkernel.kernels.signatures import gla as _gla
 from ejkernel.kernels.signatures import grouped_matmul as _grouped_matmul
@@ -150,6 +151,19 @@ OPS: dict[str, OpSpec] = {
         _recurrent.recurrent,
         _recurrent.validate,
         provided_by=("ejkernel-xla",),
+    ),
+    # The attention-block contract that schedules (ring attention) are written in: see its module.
+    "flash_attention_block": OpSpec(
+        "flash_attention_block",
+        _flash_attention_block.flash_attention_block,
+        _flash_attention_block.validate,
+        provided_by=("ejkernel-xla", "ejkernel-triton"),
+    ),
+    "flash_attention_block_bwd": OpSpec(
+        "flash_attention_block_bwd",
+        _flash_attention_block.flash_attention_block_bwd,
+        _flash_attention_block.validate_bwd,
+        provided_by=("ejkernel-xla", "ejkernel-triton"),
     ),
     # (one entry per op above this line, in the order of the catalogue)
 }

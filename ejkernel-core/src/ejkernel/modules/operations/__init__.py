@@ -9,6 +9,14 @@ from ejkernel.modules.operations.block_sparse_attention import (
 from ejkernel.modules.operations.configs import *  # noqa: F403
 from ejkernel.modules.operations.configs import __all__ as _configs
 from ejkernel.modules.operations.flash_attention import FlashAttention, flash_attention
+from ejkernel.modules.operations.flash_attention_block import (
+    FlashAttentionBlock,
+    FlashAttentionBlockBwd,
+    FlashAttentionBlockBwdConfig,
+    FlashAttentionBlockConfig,
+    flash_attention_block,
+    flash_attention_block_bwd,
+)
 from ejkernel.modules.operations.gated_delta_rule import GatedDeltaRule, gated_delta_rule
 from ejkernel.modules.operations.gla import GLA, gla
 from ejkernel.modules.operations.grouped_matmul import GroupedMatmul, grouped_matmul
@@ -69,5 +77,11 @@ __all__ = [
     "lightning_attn",
     "Recurrent",
     "recurrent",
+    "FlashAttentionBlock",
+    "FlashAttentionBlockBwd",
+    "FlashAttentionBlockConfig",
+    "FlashAttentionBlockBwdConfig",
+    "flash_attention_block",
+    "flash_attention_block_bwd",
     # (the op's Kernel class and function above this line)
 ]

@@ -8,6 +8,7 @@ from ejkernel.kernels.signatures.flash_attention import attention_allowed  # re-
 from ejkernel.testing.reference.attention import attention
 from ejkernel.testing.reference.block_sparse_attention import block_sparse_attention
 from ejkernel.testing.reference.flash_attention import flash_attention
+from ejkernel.testing.reference.flash_attention_block import flash_attention_block, flash_attention_block_bwd
 from ejkernel.testing.reference.gated_delta_rule import gated_delta_rule
 from ejkernel.testing.reference.gla import gla
 from ejkernel.testing.reference.grouped_matmul import grouped_matmul
@@ -29,6 +30,8 @@ __all__ = [
     "attention_allowed",
     "block_sparse_attention",
     "flash_attention",
+    "flash_attention_block",
+    "flash_attention_block_bwd",
     "gated_delta_rule",
     "gla",
     "grouped_matmul",
