@@ -4,7 +4,7 @@
 
 ``gla`` at B=1, H=4, K=V=64, float32, with GLA's usual gates (``log_sigmoid(x) / 16``), an initial state
 and the final state returned, at T in ``--lengths`` (default 4096). Each path is the same op with a
-different chunk size (``q_blocksize``, for both passes): 1 is the step-by-step recurrence (a ``lax.scan``
+different chunk size (``ChunkParams.chunk_size``, for both passes): 1 is the step-by-step recurrence (a ``lax.scan``
 over tokens with its own backward that keeps ~2 sqrt(T) states), the others the chunked form. For
 context, the last row is the same recurrence differentiated by JAX's autodiff (the reference
 implementation: ``lax.scan`` storing every state). For every path:
@@ -33,10 +33,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.ops import timing
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 from ejkernel.testing import reference
 
 from ejkernel_xla.gla import gla
+from ejkernel_xla.params import ChunkParams
 
 B, H, K, V = 1, 4, 64, 64
 MIB = 2**20
@@ -58,7 +58,7 @@ REFERENCE = 0  # the path key of the autodiff baseline
 def path(chunk: int) -> Any:
     if chunk == REFERENCE:
         return lambda q, k, v, g, h0: reference.gla(q, k, v, g, initial_state=h0, output_final_state=True)
-    fp, bp = FwdParams(q_blocksize=chunk), BwdParams(q_blocksize=chunk)
+    fp = bp = ChunkParams(chunk_size=chunk)
     return lambda q, k, v, g, h0: gla(
         q, k, v, g, initial_state=h0, output_final_state=True, fwd_params=fp, bwd_params=bp
     )

@@ -20,13 +20,13 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams  # noqa: E402
 from ejkernel.testing.conformance._harness import FWD_RTOL, GRAD_RTOL, assert_close, fresh_key  # noqa: E402
 from ejkernel.testing.conformance._linear_attention import log_gate, normal  # noqa: E402
 from ejkernel.testing.reference import gla as reference  # noqa: E402
 
 from ejkernel_pallas.tpu.gla import gla, gla_interpret  # noqa: E402
 from ejkernel_pallas.tpu.gla.interface import chunk_size  # noqa: E402
+from ejkernel_pallas.tpu.params import GlaChunkParams  # noqa: E402
 
 NAMES = ("q", "k", "v", "g", "initial_state")
 
@@ -72,7 +72,7 @@ def test_several_chunks_and_sub_blocks(b, t, cu_seqlens, gate_scale, dtype, chun
     n = b if cu_seqlens is None else len(cu_seqlens) - 1
     args = _inputs(seed, b, t, 2, 32, 24, n, gate_scale, dtype)
     kwargs = {} if cu_seqlens is None else {"cu_seqlens": jnp.asarray(cu_seqlens, jnp.int32)}
-    params = {"fwd_params": FwdParams(q_blocksize=chunks[0]), "bwd_params": BwdParams(q_blocksize=chunks[1])}
+    params = {"fwd_params": GlaChunkParams(chunk_size=chunks[0]), "bwd_params": GlaChunkParams(chunk_size=chunks[1])}
     o, s, grads = _outputs_and_grads(gla_interpret, args, {**kwargs, **params}, seed)
     o_ref, s_ref, grads_ref = _outputs_and_grads(reference, args, kwargs, seed)
     assert np.all(np.isfinite(np.asarray(o, np.float32))), f"NaN/inf in the output (seed {seed})"
@@ -92,7 +92,7 @@ def test_no_races_detected(monkeypatch):
     monkeypatch.setenv("EJKERNEL_PALLAS_DETECT_RACES", "1")
     _, seed = fresh_key()
     args = _inputs(seed, 1, 40, 2, 16, 8, 1, 0.25, "float32")
-    params = {"fwd_params": FwdParams(q_blocksize=16), "bwd_params": BwdParams(q_blocksize=16)}
+    params = {"fwd_params": GlaChunkParams(chunk_size=16), "bwd_params": GlaChunkParams(chunk_size=16)}
     o, s, grads = _outputs_and_grads(gla_interpret, args, params, seed)
     o_ref, s_ref, grads_ref = _outputs_and_grads(reference, args, {}, seed)
     assert_close(o, o_ref, 1e-5, "output", seed)

@@ -22,14 +22,14 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams  # noqa: E402
 from ejkernel.testing.conformance._harness import FWD_RTOL, GRAD_RTOL, assert_close, fresh_key  # noqa: E402
 from ejkernel.testing.reference import grouped_matmul as reference  # noqa: E402
 
 from ejkernel_pallas.tpu.grouped_matmul import grouped_matmul, grouped_matmul_interpret  # noqa: E402
 from ejkernel_pallas.tpu.grouped_matmul._kernels import ACTIVE, FIRST, LAST, Schedule, num_visits, schedule  # noqa: E402
+from ejkernel_pallas.tpu.params import GmmParams  # noqa: E402
 
-FP, BP = FwdParams(q_blocksize=128, kv_blocksize=128), BwdParams(q_blocksize=128, kv_blocksize=256)
+FP, BP = GmmParams(block_m=128, block_n=128), GmmParams(block_m=128, block_n=256)
 
 
 def _inputs(key, m, k, n, sizes, transpose_rhs, dtype):  # noqa: ANN001, ANN202

@@ -20,7 +20,6 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ejkernel.ops.utils.datacarrier import FwdParams  # noqa: E402
 from ejkernel.testing.conformance._harness import FWD_RTOL, assert_close, fresh_key  # noqa: E402
 from ejkernel.testing.conformance._paged import normal, numpy_rng, paged_cache  # noqa: E402
 from ejkernel.testing.reference import page_attention as reference  # noqa: E402
@@ -28,6 +27,7 @@ from ejkernel.testing.reference import page_attention as reference  # noqa: E402
 from ejkernel_pallas.tpu._paged import FIELDS, NF  # noqa: E402
 from ejkernel_pallas.tpu.page_attention import page_attention, page_attention_interpret  # noqa: E402
 from ejkernel_pallas.tpu.page_attention._kernels import decode_items  # noqa: E402
+from ejkernel_pallas.tpu.params import PagedKeyParams  # noqa: E402
 
 
 def _inputs(key, lens, page, h, k, d, dtype):  # noqa: ANN001, ANN202
@@ -41,9 +41,9 @@ def _inputs(key, lens, page, h, k, d, dtype):  # noqa: ANN001, ANN202
     ("lens", "page", "h", "k", "dtype", "params", "options"),
     [
         # 2 pages (16 keys) per block, up to 9 blocks; a window of 20 skips the first blocks of the long ones.
-        ((0, 5, 40, 97, 130), 8, 8, 2, "float32", FwdParams(kv_blocksize=16), {"sliding_window": 20}),
+        ((0, 5, 40, 97, 130), 8, 8, 2, "float32", PagedKeyParams(keys_per_block=16), {"sliding_window": 20}),
         # MQA in bfloat16, 3 pages (12 keys) per block, soft cap and scale; a block reaching past the table.
-        ((61, 3, 33), 4, 4, 1, "bfloat16", FwdParams(kv_blocksize=12), {"logits_soft_cap": 5.0, "softmax_scale": 0.3}),
+        ((61, 3, 33), 4, 4, 1, "bfloat16", PagedKeyParams(12), {"logits_soft_cap": 5.0, "softmax_scale": 0.3}),
     ],
     ids=["gqa_window_2_pages", "mqa_bf16_soft_cap_3_pages"],
 )
@@ -74,7 +74,7 @@ def test_no_races_detected(monkeypatch):
     monkeypatch.setenv("EJKERNEL_PALLAS_DETECT_RACES", "1")
     key, seed = fresh_key()
     q, kc, vc, lens, tables = _inputs(key, (9, 0, 30), 4, 4, 2, 16, "float32")
-    out = jax.jit(lambda *a: page_attention_interpret(*a, fwd_params=FwdParams(kv_blocksize=8)))(
+    out = jax.jit(lambda *a: page_attention_interpret(*a, fwd_params=PagedKeyParams(keys_per_block=8)))(
         q, kc, vc, lens, tables
     )
     assert_close(out, reference(q, jnp.nan_to_num(kc), jnp.nan_to_num(vc), lens, tables), 1e-5, "forward", seed)

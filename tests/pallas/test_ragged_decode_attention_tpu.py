@@ -20,12 +20,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ejkernel.ops.utils.datacarrier import FwdParams  # noqa: E402
 from ejkernel.testing.conformance._harness import FWD_RTOL, assert_close, fresh_key  # noqa: E402
 from ejkernel.testing.conformance._paged import normal, numpy_rng  # noqa: E402
 from ejkernel.testing.reference import ragged_decode_attention as reference  # noqa: E402
 
 from ejkernel_pallas.tpu._paged import FIELDS, NF  # noqa: E402
+from ejkernel_pallas.tpu.params import DecodeKeyParams  # noqa: E402
 from ejkernel_pallas.tpu.ragged_decode_attention import (  # noqa: E402
     ragged_decode_attention,
     ragged_decode_attention_interpret,
@@ -61,7 +61,9 @@ def _inputs(key, ranges, s, h, k, d, dtype):  # noqa: ANN001, ANN202
 def test_many_blocks(ranges, h, k, dtype, params, options):
     key, seed = fresh_key()
     args, clean = _inputs(key, ranges, 300, h, k, 32, dtype)
-    fn = jax.jit(lambda *a: ragged_decode_attention_interpret(*a, fwd_params=FwdParams(kv_blocksize=params), **options))
+    fn = jax.jit(
+        lambda *a: ragged_decode_attention_interpret(*a, fwd_params=DecodeKeyParams(keys_per_block=params), **options)
+    )
     out = fn(*args)
     assert out.dtype == args[0].dtype
     assert_close(out, reference(*clean, **options), FWD_RTOL[dtype], "forward", seed)
@@ -88,7 +90,9 @@ def test_no_races_detected(monkeypatch):
     monkeypatch.setenv("EJKERNEL_PALLAS_DETECT_RACES", "1")
     key, seed = fresh_key()
     args, clean = _inputs(key, ((3, 40), (0, 0), (17, 21)), 40, 4, 2, 16, "float32")
-    out = jax.jit(lambda *a: ragged_decode_attention_interpret(*a, fwd_params=FwdParams(kv_blocksize=16)))(*args)
+    out = jax.jit(lambda *a: ragged_decode_attention_interpret(*a, fwd_params=DecodeKeyParams(keys_per_block=16)))(
+        *args
+    )
     assert_close(out, reference(*clean), 1e-5, "forward", seed)
     assert interpreter.races is not None, "race detection did not run"
     assert not interpreter.races.races_found, "the interpreter found a data race"

@@ -21,12 +21,12 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ejkernel.ops.utils.datacarrier import FwdParams  # noqa: E402
 from ejkernel.testing.conformance._harness import FWD_RTOL, assert_close, fresh_key  # noqa: E402
 from ejkernel.testing.conformance._paged import normal, numpy_rng, paged_cache  # noqa: E402
 from ejkernel.testing.reference import ragged_page_attention as reference  # noqa: E402
 
 from ejkernel_pallas.tpu._paged import FIELDS, NF  # noqa: E402
+from ejkernel_pallas.tpu.params import RaggedItemParams  # noqa: E402
 from ejkernel_pallas.tpu.ragged_page_attention import (  # noqa: E402
     ragged_page_attention,
     ragged_page_attention_interpret,
@@ -61,12 +61,12 @@ def _inputs(key, seqs, page, h, k, d, dtype, pad_rows=2):  # noqa: ANN001, ANN20
         # keys, decodes; 2 pages (16 keys) per block, up to 13 blocks; a window of 30 skips the early blocks.
         (
             ((70, 70), (1, 95), (20, 200), (0, 9), (1, 1)), 8, 8, 2, "float32",
-            FwdParams(q_blocksize=16, kv_blocksize=16), {"sliding_window": 30},
+            RaggedItemParams(rows_per_item=16, keys_per_block=16), {"sliding_window": 30},
         ),
         # MQA in bfloat16, items of 5 rows, 3 pages (12 keys) per block, soft cap and scale.
         (
             ((1, 40), (13, 13), (9, 61)), 4, 4, 1, "bfloat16",
-            FwdParams(q_blocksize=5, kv_blocksize=12), {"logits_soft_cap": 5.0, "softmax_scale": 0.3},
+            RaggedItemParams(rows_per_item=5, keys_per_block=12), {"logits_soft_cap": 5.0, "softmax_scale": 0.3},
         ),
     ],
     ids=["gqa_window_16_rows_2_pages", "mqa_bf16_soft_cap_5_rows_3_pages"],
@@ -104,9 +104,9 @@ def test_no_races_detected(monkeypatch):
     monkeypatch.setenv("EJKERNEL_PALLAS_DETECT_RACES", "1")
     key, seed = fresh_key()
     args, clean = _inputs(key, ((6, 14), (1, 5)), 4, 4, 2, 16, "float32")
-    out = jax.jit(lambda *a: ragged_page_attention_interpret(*a, fwd_params=FwdParams(q_blocksize=4, kv_blocksize=8)))(
-        *args
-    )
+    out = jax.jit(
+        lambda *a: ragged_page_attention_interpret(*a, fwd_params=RaggedItemParams(rows_per_item=4, keys_per_block=8))
+    )(*args)
     assert_close(out, reference(*clean), 1e-5, "forward", seed)
     assert interpreter.races is not None, "race detection did not run"
     assert not interpreter.races.races_found, "the interpreter found a data race"

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from ejkernel.ops import Invocation
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 from ejkernel.testing.reference import gated_delta_rule as reference
 
 from ejkernel_xla.gated_delta_rule import candidate_cfgs, gated_delta_rule, heuristic_cfg
 from ejkernel_xla.gated_delta_rule._chunked import unit_lower_inverse
+from ejkernel_xla.params import DeltaRuleParams
 
 SEED = int(os.environ.get("EJKERNEL_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
 # lengths 1, 0, 4, 12, 1, 29, 2; T = 52 leaves 3 tokens outside every sequence
@@ -51,7 +51,7 @@ def _packed_case() -> tuple[tuple[jax.Array, ...], dict, tuple[jax.Array, jax.Ar
 @pytest.mark.parametrize("chunk", [1, 3, 16])
 def test_chunk_sizes_agree_with_the_recurrence_on_many_short_sequences(chunk):
     args, kw, (want_o, want_s) = _packed_case()
-    o, s = jax.jit(lambda *a: gated_delta_rule(*a, **kw, fwd_params=FwdParams(q_blocksize=chunk)))(*args)
+    o, s = jax.jit(lambda *a: gated_delta_rule(*a, **kw, fwd_params=DeltaRuleParams(chunk_size=chunk)))(*args)
     assert _rel(o, want_o) < 1e-5, f"chunk {chunk}: output (seed {SEED})"
     assert _rel(s, want_s) < 1e-5, f"chunk {chunk}: final states (seed {SEED})"
     assert np.all(np.asarray(o[0, 49:]) == 0)
@@ -64,7 +64,7 @@ def test_backward_with_its_own_chunk_size():
         o, s = fn(*a[:5], initial_state=a[5], output_final_state=True, use_qk_l2norm=True, **kw)
         return jnp.sum(o * jnp.cos(o)) + jnp.sum(s * s)
 
-    params = {"fwd_params": FwdParams(q_blocksize=16), "bwd_params": BwdParams(q_blocksize=5)}
+    params = {"fwd_params": DeltaRuleParams(chunk_size=16), "bwd_params": DeltaRuleParams(chunk_size=5)}
     got = jax.jit(jax.grad(lambda *a: loss(gated_delta_rule, *a, **params), argnums=range(6)))(*args, s0)
     want = jax.jit(jax.grad(lambda *a: loss(reference, *a), argnums=range(6)))(*args, s0)
     for name, g, w in zip(("dq", "dk", "dv", "dg", "dbeta", "dinitial_state"), got, want):
@@ -88,10 +88,10 @@ def test_heuristic_chunk_follows_the_mean_sequence_length():
             args["cu_seqlens"] = jnp.zeros((n + 1,), jnp.int32)
         return Invocation.create("gated_delta_rule", args, "cpu")
 
-    assert heuristic_cfg(inv(1), "fwd") == FwdParams(q_blocksize=1)  # decoding: the recurrence
-    assert heuristic_cfg(inv(40), "bwd") == BwdParams(q_blocksize=64)
-    assert heuristic_cfg(inv(4096), "fwd") == FwdParams(q_blocksize=64)
-    assert heuristic_cfg(inv(4096, n=256), "fwd") == FwdParams(q_blocksize=16)  # mean length 16
-    chunks = [p.q_blocksize for p in candidate_cfgs(inv(4096), "fwd")]
+    assert heuristic_cfg(inv(1), "fwd") == DeltaRuleParams(chunk_size=1)  # decoding: the recurrence
+    assert heuristic_cfg(inv(40), "bwd") == DeltaRuleParams(chunk_size=64)
+    assert heuristic_cfg(inv(4096), "fwd") == DeltaRuleParams(chunk_size=64)
+    assert heuristic_cfg(inv(4096, n=256), "fwd") == DeltaRuleParams(chunk_size=16)  # mean length 16
+    chunks = [p.chunk_size for p in candidate_cfgs(inv(4096), "fwd")]
     assert chunks[0] == 64 and set(chunks) == {16, 32, 64, 128}
-    assert 1 in [p.q_blocksize for p in candidate_cfgs(inv(30), "fwd")]
+    assert 1 in [p.chunk_size for p in candidate_cfgs(inv(30), "fwd")]

@@ -13,12 +13,12 @@ import jax.numpy as jnp
 import pytest
 
 from ejkernel.kernels import kernel_registry
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 from ejkernel.testing.reference import grouped_matmul as reference
 
 from ejkernel_xla.grouped_matmul import grouped_matmul
 from ejkernel_xla.grouped_matmul.interface import default_tile
 from ejkernel_xla.grouped_matmul.ragged import grouped_matmul as ragged_grouped_matmul
+from ejkernel_xla.params import TiledGmmParams
 
 SEED = int(os.environ.get("EJKERNEL_TEST_SEED", int.from_bytes(os.urandom(4), "little")))
 SIZES = (9, 0, 14, 1, 0, 6)  # 30 of 37 rows; two empty groups
@@ -45,7 +45,7 @@ def _rel(got: jax.Array, want: jax.Array) -> float:
 @pytest.mark.parametrize(("tile", "bwd_tile", "transpose_rhs"), [(1, 7, False), (7, 16, True)])
 def test_tiled_at_tiles_that_divide_nothing(tile, bwd_tile, transpose_rhs):
     args = _inputs(transpose_rhs)
-    params = {"fwd_params": FwdParams(q_blocksize=tile), "bwd_params": BwdParams(q_blocksize=bwd_tile)}
+    params = {"fwd_params": TiledGmmParams(block_m=tile), "bwd_params": TiledGmmParams(block_m=bwd_tile)}
     got = jax.jit(lambda *a: _fwd_bwd(grouped_matmul, *a, transpose_rhs=transpose_rhs, **params))(*args)
     want = jax.jit(lambda *a: _fwd_bwd(reference, *a, transpose_rhs=transpose_rhs))(*args)
     for name, g, w in zip(("out", "dlhs", "drhs"), got, want):

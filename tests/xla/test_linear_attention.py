@@ -11,13 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ejkernel.kernels.params import BwdParams, FwdParams
 from ejkernel.ops import Invocation
 from ejkernel.testing import reference
 from ejkernel.testing.conformance._harness import assert_close, fresh_key
 from ejkernel.testing.conformance._linear_attention import Case, base_inputs, log_gate, outputs_and_grads
 
 from ejkernel_xla import _linear_attention as engine
+from ejkernel_xla.params import ChunkParams
 from ejkernel_xla.recurrent import candidate_cfgs, heuristic_cfg, recurrent
 
 
@@ -32,7 +32,7 @@ def test_every_chunk_size_matches_the_reference(fwd_chunk, bwd_chunk):
     arrays["g_k"] = log_gate(rng, (1, 33, 2, 8), 0.2)
     arrays["g_v"] = log_gate(rng, (1, 33, 2, 4), 0.2)
     options = {"output_final_state": True, "reverse": True}
-    params = {"fwd_params": FwdParams(q_blocksize=fwd_chunk), "bwd_params": BwdParams(q_blocksize=bwd_chunk)}
+    params = {"fwd_params": ChunkParams(chunk_size=fwd_chunk), "bwd_params": ChunkParams(chunk_size=bwd_chunk)}
     got = outputs_and_grads(lambda **kw: recurrent(**kw, **params), arrays, options, seed)
     want = outputs_and_grads(reference.recurrent, arrays, options, seed)
     assert_close(got[0], want[0], 2e-5, "output", seed)
@@ -77,11 +77,11 @@ def test_heuristic_and_candidates():
     def inv(t: int) -> Invocation:
         return Invocation.create("recurrent", {"q": jax.ShapeDtypeStruct((1, t, 2, 8), jnp.float32)}, "cpu")
 
-    assert heuristic_cfg(inv(1), "fwd") == FwdParams(q_blocksize=1)  # decoding: step by step
-    assert heuristic_cfg(inv(4096), "bwd") == BwdParams(q_blocksize=engine.DEFAULT_CHUNK)
-    assert heuristic_cfg(inv(37), "fwd") == FwdParams(q_blocksize=64)
-    assert [p.q_blocksize for p in candidate_cfgs(inv(4096), "fwd")] == [1, 16, 32, 64, 128]
-    assert [p.q_blocksize for p in candidate_cfgs(inv(20), "fwd")] == [1, 16, 32]
+    assert heuristic_cfg(inv(1), "fwd") == ChunkParams(chunk_size=1)  # decoding: step by step
+    assert heuristic_cfg(inv(4096), "bwd") == ChunkParams(chunk_size=engine.DEFAULT_CHUNK)
+    assert heuristic_cfg(inv(37), "fwd") == ChunkParams(chunk_size=64)
+    assert [p.chunk_size for p in candidate_cfgs(inv(4096), "fwd")] == [1, 16, 32, 64, 128]
+    assert [p.chunk_size for p in candidate_cfgs(inv(20), "fwd")] == [1, 16, 32]
     assert engine.chunk_size(100, 4096) == 64  # rounded down to a power of two
     with pytest.raises(ValueError, match="chunk size"):
         engine.chunk_size(0, 10)

@@ -34,6 +34,17 @@ TPU_OPS = {
     "ragged_page_attention": "ejkernel_pallas.tpu.ragged_page_attention",
 }
 
+_PARAMS = "ejkernel_pallas.tpu.params"
+# op -> (forward, backward) launch-parameter classes of its Mosaic TPU kernel, where they are not the generic
+# FwdParams/BwdParams (query and key tiles: flash_attention, block_sparse_attention, multi_head_latent_attention).
+TPU_PARAMS = {
+    "gla": (f"{_PARAMS}:GlaChunkParams", f"{_PARAMS}:GlaChunkParams"),
+    "grouped_matmul": (f"{_PARAMS}:GmmParams", f"{_PARAMS}:GmmParams"),
+    "page_attention": (f"{_PARAMS}:PagedKeyParams", f"{_PARAMS}:ForwardOnly"),
+    "ragged_decode_attention": (f"{_PARAMS}:DecodeKeyParams", f"{_PARAMS}:ForwardOnly"),
+    "ragged_page_attention": (f"{_PARAMS}:RaggedItemParams", f"{_PARAMS}:ForwardOnly"),
+}
+
 
 # op -> module of its Mosaic GPU implementation (same exports as above).
 GPU_OPS = {
@@ -52,12 +63,12 @@ def ejkernel_register_kernels(registry: KernelRegistry) -> None:
     if interpret_enabled():
         targets.append(("cpu", 1, "_interpret", "mosaic_tpu_interpret"))
     entries = [
-        (op, module, backend, priority, suffix, name)
+        (op, module, backend, priority, suffix, name, TPU_PARAMS.get(op, (None, None)))
         for op, module in TPU_OPS.items()
         for backend, priority, suffix, name in targets
     ]
-    entries += [(op, module, "gpu", GPU_PRIORITY, "", "mosaic_gpu") for op, module in GPU_OPS.items()]
-    for op, module, backend, priority, suffix, name in entries:
+    entries += [(op, module, "gpu", GPU_PRIORITY, "", "mosaic_gpu", (None, None)) for op, module in GPU_OPS.items()]
+    for op, module, backend, priority, suffix, name, (fwd_params, bwd_params) in entries:
         registry.register(
             op,
             "pallas",
@@ -68,6 +79,8 @@ def ejkernel_register_kernels(registry: KernelRegistry) -> None:
             supports=f"{module}:supports",
             heuristic_cfg=f"{module}:heuristic_cfg",
             candidate_cfgs=f"{module}:candidate_cfgs",
+            fwd_params=fwd_params,
+            bwd_params=bwd_params,
             version=__version__,
         )
 

@@ -9,7 +9,7 @@ The recurrence, per batch row (or packed sequence) and head, in float32::
 lightning's slope, recurrent's scalar ``g``); ``c`` the value-side one ``[B, T, H, V]`` (recurrent's
 ``g_v``); either may be absent. Each op maps its gates onto ``a`` and ``c``.
 
-Two forms, chosen by the chunk size ``C`` (``q_blocksize`` of the launch parameters):
+Two forms, chosen by the chunk size ``C`` (``ChunkParams.chunk_size`` of the launch parameters):
 
 * ``C == 1``: the step-by-step recurrence, one ``lax.scan`` step per token carrying ``S`` (decoding and
   short inputs). Its backward (``_steps_bwd``) keeps the state at the start of every block of ~sqrt(T)
@@ -39,7 +39,7 @@ sequence's initial state instead of the carried one; final states are read at ea
 Gradients: with one chunk size for both passes, the forward's own residuals (``jax.vjp``): for the
 chunked form O(T (K + V + C) + (T / C) K V), the step-by-step form keeps its inputs and ~sqrt(T) states
 (its backward, ``_steps_bwd``, walks each block of ~sqrt(T) tokens again). With another chunk size for
-the backward (``BwdParams``), only the inputs are kept and the backward recomputes the forward with it.
+the backward (its ``ChunkParams``), only the inputs are kept and the backward recomputes the forward with it.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejkernel.device import cdiv
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
+
+from ejkernel_xla.params import ChunkParams, coerce
 
 F32 = jnp.float32
 HIGHEST = lax.Precision.HIGHEST
@@ -91,7 +92,7 @@ def chunk_size(requested: int | None, t: int) -> int:
     of two and at most the next power of two of ``t``; 1 means the step-by-step recurrence."""
     c = (1 if t <= STEP_MAX_T else DEFAULT_CHUNK) if requested is None else int(requested)
     if c < 1:
-        raise ValueError(f"linear attention: the chunk size (q_blocksize) must be >= 1, got {c}")
+        raise ValueError(f"linear attention: the chunk size (ChunkParams.chunk_size) must be >= 1, got {c}")
     c = 1 << (c.bit_length() - 1)
     return min(c, 1 << max(0, (t - 1).bit_length()))
 
@@ -99,34 +100,34 @@ def chunk_size(requested: int | None, t: int) -> int:
 def options(
     t: int,
     scale: float,
-    fwd_params: Any,
-    bwd_params: Any,
+    fwd_params: ChunkParams | None,
+    bwd_params: ChunkParams | None,
     *,
     reverse: bool = False,
     output_final_state: bool = False,
 ) -> Options:
-    """``Options`` of a call of length ``t`` with these launch parameters (``q_blocksize`` = chunk size)."""
+    """``Options`` of a call of length ``t`` with these launch parameters (generic ``FwdParams``/``BwdParams``
+    of a direct call are mapped: ``q_blocksize`` is the chunk size)."""
+    fwd, bwd = coerce(ChunkParams, fwd_params), coerce(ChunkParams, bwd_params)
     return Options(
         scale=float(scale),
         reverse=bool(reverse),
         output_final_state=bool(output_final_state),
-        fwd_chunk=chunk_size(None if fwd_params is None else fwd_params.q_blocksize, t),
-        bwd_chunk=chunk_size(None if bwd_params is None else bwd_params.q_blocksize, t),
+        fwd_chunk=chunk_size(None if fwd is None else fwd.chunk_size, t),
+        bwd_chunk=chunk_size(None if bwd is None else bwd.chunk_size, t),
     )
 
 
-def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
-    """``q_blocksize`` = the chunk size for the call's length (both passes)."""
+def heuristic_cfg(inv: Any, stage: str) -> ChunkParams:
+    """The chunk size for the call's length (both passes)."""
     t = int(inv.arguments["q"].shape[1])
-    cls = FwdParams if stage == "fwd" else BwdParams
-    return cls(q_blocksize=chunk_size(None, t))
+    return ChunkParams(chunk_size=chunk_size(None, t))
 
 
-def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
+def candidate_cfgs(inv: Any, stage: str) -> list[ChunkParams]:
     """The chunk sizes the autotuner times: ``CANDIDATE_CHUNKS`` that fit the call's length (1: step by step)."""
     t = int(inv.arguments["q"].shape[1])
-    cls = FwdParams if stage == "fwd" else BwdParams
-    return [cls(q_blocksize=c) for c in dict.fromkeys(chunk_size(c, t) for c in CANDIDATE_CHUNKS)]
+    return [ChunkParams(chunk_size=c) for c in dict.fromkeys(chunk_size(c, t) for c in CANDIDATE_CHUNKS)]
 
 
 def _mm(spec: str, x: jax.Array, y: jax.Array) -> jax.Array:

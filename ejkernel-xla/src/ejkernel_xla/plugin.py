@@ -67,6 +67,8 @@ def ejkernel_register_kernels(registry: Any) -> None:
         impl="ejkernel_xla.page_attention:page_attention",
         heuristic_cfg="ejkernel_xla.page_attention:heuristic_cfg",
         candidate_cfgs="ejkernel_xla.page_attention:candidate_cfgs",
+        fwd_params="ejkernel_xla.params:PagedParams",
+        bwd_params="ejkernel_xla.params:NoParams",
         version=__version__,
     )
     registry.register(
@@ -78,6 +80,8 @@ def ejkernel_register_kernels(registry: Any) -> None:
         impl="ejkernel_xla.ragged_page_attention:ragged_page_attention",
         heuristic_cfg="ejkernel_xla.ragged_page_attention:heuristic_cfg",
         candidate_cfgs="ejkernel_xla.ragged_page_attention:candidate_cfgs",
+        fwd_params="ejkernel_xla.params:RaggedPagedParams",
+        bwd_params="ejkernel_xla.params:NoParams",
         version=__version__,
     )
     registry.register(
@@ -89,6 +93,8 @@ def ejkernel_register_kernels(registry: Any) -> None:
         impl="ejkernel_xla.ragged_decode_attention:ragged_decode_attention",
         heuristic_cfg="ejkernel_xla.ragged_decode_attention:heuristic_cfg",
         candidate_cfgs="ejkernel_xla.ragged_decode_attention:candidate_cfgs",
+        fwd_params="ejkernel_xla.params:RaggedDecodeParams",
+        bwd_params="ejkernel_xla.params:NoParams",
         version=__version__,
     )
     registry.register(
@@ -99,6 +105,8 @@ def ejkernel_register_kernels(registry: Any) -> None:
         name="xla",
         impl="ejkernel_xla.attention:attention",
         heuristic_cfg="ejkernel_xla.attention:heuristic_cfg",
+        fwd_params="ejkernel_xla.params:NoParams",
+        bwd_params="ejkernel_xla.params:NoParams",
         version=__version__,
     )
     registry.register(
@@ -157,6 +165,8 @@ def ejkernel_register_kernels(registry: Any) -> None:
         impl="ejkernel_xla.gated_delta_rule:gated_delta_rule",
         heuristic_cfg="ejkernel_xla.gated_delta_rule:heuristic_cfg",
         candidate_cfgs="ejkernel_xla.gated_delta_rule:candidate_cfgs",
+        fwd_params="ejkernel_xla.params:DeltaRuleParams",
+        bwd_params="ejkernel_xla.params:DeltaRuleParams",
         version=__version__,
     )
     registry.register(
@@ -166,6 +176,8 @@ def ejkernel_register_kernels(registry: Any) -> None:
         priority=10,
         name="xla",
         impl="ejkernel_xla.mean_pooling:mean_pooling",
+        fwd_params="ejkernel_xla.params:NoParams",
+        bwd_params="ejkernel_xla.params:NoParams",
         version=__version__,
     )
     registry.register(
@@ -177,6 +189,8 @@ def ejkernel_register_kernels(registry: Any) -> None:
         impl="ejkernel_xla.grouped_matmul:grouped_matmul",
         heuristic_cfg="ejkernel_xla.grouped_matmul:heuristic_cfg",
         candidate_cfgs="ejkernel_xla.grouped_matmul:candidate_cfgs",
+        fwd_params="ejkernel_xla.params:TiledGmmParams",
+        bwd_params="ejkernel_xla.params:TiledGmmParams",
         version=__version__,
     )
     # jax.lax.ragged_dot on TPU, which XLA lowers to its native grouped matmul; elsewhere its generic
@@ -188,6 +202,8 @@ def ejkernel_register_kernels(registry: Any) -> None:
         priority=20,
         name="ragged_dot",
         impl="ejkernel_xla.grouped_matmul.ragged:grouped_matmul",
+        fwd_params="ejkernel_xla.params:NoParams",
+        bwd_params="ejkernel_xla.params:NoParams",
         version=__version__,
     )
     registry.register(
@@ -199,6 +215,8 @@ def ejkernel_register_kernels(registry: Any) -> None:
         impl="ejkernel_xla.gla:gla",
         heuristic_cfg="ejkernel_xla.gla:heuristic_cfg",
         candidate_cfgs="ejkernel_xla.gla:candidate_cfgs",
+        fwd_params="ejkernel_xla.params:ChunkParams",
+        bwd_params="ejkernel_xla.params:ChunkParams",
         version=__version__,
     )
     registry.register(
@@ -210,6 +228,8 @@ def ejkernel_register_kernels(registry: Any) -> None:
         impl="ejkernel_xla.lightning_attn:lightning_attn",
         heuristic_cfg="ejkernel_xla.lightning_attn:heuristic_cfg",
         candidate_cfgs="ejkernel_xla.lightning_attn:candidate_cfgs",
+        fwd_params="ejkernel_xla.params:ChunkParams",
+        bwd_params="ejkernel_xla.params:ChunkParams",
         version=__version__,
     )
     registry.register(
@@ -221,6 +241,33 @@ def ejkernel_register_kernels(registry: Any) -> None:
         impl="ejkernel_xla.recurrent:recurrent",
         heuristic_cfg="ejkernel_xla.recurrent:heuristic_cfg",
         candidate_cfgs="ejkernel_xla.recurrent:candidate_cfgs",
+        fwd_params="ejkernel_xla.params:ChunkParams",
+        bwd_params="ejkernel_xla.params:ChunkParams",
+        version=__version__,
+    )
+    # The attention-block contract (forward and backward, two ops) that the core's schedules call: the
+    # blockwise kernel on intervals of admitted keys. The backward op's one stage takes BwdParams.
+    registry.register(
+        "flash_attention_block",
+        "xla",
+        "any",
+        priority=10,
+        name="xla",
+        impl="ejkernel_xla.flash_attention.block:flash_attention_block",
+        heuristic_cfg="ejkernel_xla.flash_attention.block:heuristic_cfg",
+        candidate_cfgs="ejkernel_xla.flash_attention.block:candidate_cfgs",
+        version=__version__,
+    )
+    registry.register(
+        "flash_attention_block_bwd",
+        "xla",
+        "any",
+        priority=10,
+        name="xla",
+        impl="ejkernel_xla.flash_attention.block:flash_attention_block_bwd",
+        heuristic_cfg="ejkernel_xla.flash_attention.block:bwd_heuristic_cfg",
+        candidate_cfgs="ejkernel_xla.flash_attention.block:bwd_candidate_cfgs",
+        fwd_params="ejkernel.kernels.params:BwdParams",
         version=__version__,
     )
     # (one registration per op above this line, in the order of the catalogue)

@@ -8,13 +8,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.kernels.signatures.flash_attention import attention_allowed, normalize_window
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_xla.attention import _dense
+from ejkernel_xla.params import NoParams
 
 
-def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
-    return FwdParams() if stage == "fwd" else BwdParams()  # one fused dense pass: no blocks to choose
+def heuristic_cfg(inv: Any, stage: str) -> NoParams:
+    return NoParams()  # one fused dense pass: no blocks to choose
 
 
 def attention(
@@ -23,7 +23,7 @@ def attention(
 ):  # fmt: skip
     """Dense attention (contract: ``ejkernel.kernels.signatures.attention``).
 
-    ``fwd_params``/``bwd_params`` mean nothing here: the scores are one ``[B, H, T, S]`` array.
+    No launch parameters (``NoParams``): the scores are one ``[B, H, T, S]`` array.
     """
     dropout_prob = float(dropout_prob)
     static_seed = seed = None

@@ -16,9 +16,8 @@ from typing import Any
 
 import jax
 
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
-
 from ejkernel_xla.gated_delta_rule._chunked import Options, forward
+from ejkernel_xla.params import DeltaRuleParams, coerce
 
 # Measured on CPU (B=1, T=2048, H=4, K=V=64, float32), forward / forward+backward: chunk 64 took 16 / 159 ms,
 # 32: 29 / 155, 16: 37 / 150, 128: 52 / 193, and the recurrence 54 / 911.
@@ -54,28 +53,23 @@ def _inv_length(inv: Any) -> float:
     return _mean_length(inv.arguments["q"].shape[1], inv.arguments.get("cu_seqlens"))
 
 
-def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
-    cls = FwdParams if stage == "fwd" else BwdParams
-    return cls(q_blocksize=default_chunk(_inv_length(inv)))
+def heuristic_cfg(inv: Any, stage: str) -> DeltaRuleParams:
+    return DeltaRuleParams(chunk_size=default_chunk(_inv_length(inv)))
 
 
-def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
-    cls = FwdParams if stage == "fwd" else BwdParams
+def candidate_cfgs(inv: Any, stage: str) -> list[DeltaRuleParams]:
     length = _inv_length(inv)
     chunks = [default_chunk(length)]
     chunks += [c for c in CANDIDATE_CHUNKS if c <= max(16, _next_pow2(length))]
     if length <= 64:
         chunks.append(1)
-    return [cls(q_blocksize=c) for c in dict.fromkeys(chunks)]
+    return [DeltaRuleParams(chunk_size=c) for c in dict.fromkeys(chunks)]
 
 
 def _chunk(params: Any, fallback: int) -> int:
-    c = None if params is None else params.q_blocksize
-    if c is None:
-        return fallback
-    if not isinstance(c, int) or c < 1:
-        raise ValueError(f"gated_delta_rule: the chunk size (q_blocksize) must be a positive int, got {c!r}")
-    return c
+    """The chunk size of ``params`` (a ``DeltaRuleParams``, checked when made; or generic, mapped), else ``fallback``."""
+    p = coerce(DeltaRuleParams, params)
+    return fallback if p is None or p.chunk_size is None else p.chunk_size
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
@@ -103,8 +97,9 @@ def gated_delta_rule(
 ):  # fmt: skip
     """Chunked gated delta rule (contract: ``ejkernel.kernels.signatures.gated_delta_rule``).
 
-    ``fwd_params.q_blocksize`` / ``bwd_params.q_blocksize``: the chunk size of the forward and of the
-    backward's recomputation (1: the token-by-token recurrence; None: ``default_chunk``).
+    ``fwd_params``/``bwd_params``: ``DeltaRuleParams`` (``ejkernel_xla.params``), the chunk size of the
+    forward and of the backward's recomputation (1: the token-by-token recurrence; None: ``default_chunk``,
+    the backward: the forward's).
     """
     fwd_chunk = _chunk(fwd_params, default_chunk(_mean_length(q.shape[1], cu_seqlens)))
     opts = Options(

@@ -11,8 +11,8 @@ def gla(
 ):  # fmt: skip
     """Gated linear attention (contract: ``ejkernel.kernels.signatures.gla``).
 
-    ``fwd_params``/``bwd_params``: ``q_blocksize`` is the chunk length of each pass (rounded down to a power
-    of two; 1 = the step-by-step recurrence; None: the heuristic). The other fields mean nothing here.
+    ``fwd_params``/``bwd_params``: ``ChunkParams`` (``ejkernel_xla.params``), the chunk length of each pass
+    (a power of two; 1 = the step-by-step recurrence; None: the heuristic).
     """
     t, dk = q.shape[1], q.shape[-1]
     opts = options(

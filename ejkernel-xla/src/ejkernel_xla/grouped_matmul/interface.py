@@ -12,9 +12,9 @@ import jax.numpy as jnp
 
 from ejkernel.device import next_power_of_2
 from ejkernel.kernels.signatures.grouped_matmul import canonical_dtype
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_xla.grouped_matmul import _tiled
+from ejkernel_xla.params import TiledGmmParams, coerce
 
 # Rows per tile, measured on CPU (M=4096, K=N=512, forward+backward): with G=8 experts 64 and 128 were
 # fastest (42, 37 ms; 32: 68, 256: 76), with G=64 64 was (173 ms; 32: 263, 128: 325). ragged_dot's
@@ -39,25 +39,20 @@ def _dims(inv: Any) -> tuple[int, int]:
     return int(inv.arguments["lhs"].shape[0]), int(inv.arguments["rhs"].shape[0])
 
 
-def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
-    cls = FwdParams if stage == "fwd" else BwdParams
-    return cls(q_blocksize=default_tile(*_dims(inv)))
+def heuristic_cfg(inv: Any, stage: str) -> TiledGmmParams:
+    return TiledGmmParams(block_m=default_tile(*_dims(inv)))
 
 
-def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
+def candidate_cfgs(inv: Any, stage: str) -> list[TiledGmmParams]:
     m, g = _dims(inv)
-    cls = FwdParams if stage == "fwd" else BwdParams
     tiles = [default_tile(m, g)] + [t for t in CANDIDATE_TILES if t <= max(8, next_power_of_2(m))]
-    return [cls(q_blocksize=t) for t in dict.fromkeys(tiles)]
+    return [TiledGmmParams(block_m=t) for t in dict.fromkeys(tiles)]
 
 
 def _tile(params: Any, fallback: int) -> int:
-    t = None if params is None else params.q_blocksize
-    if t is None:
-        return fallback
-    if not isinstance(t, int) or t < 1:
-        raise ValueError(f"grouped_matmul: the row tile (q_blocksize) must be a positive int, got {t!r}")
-    return t
+    """The row tile of ``params`` (a ``TiledGmmParams``, checked when made; or generic, mapped), else ``fallback``."""
+    p = coerce(TiledGmmParams, params)
+    return fallback if p is None or p.block_m is None else p.block_m
 
 
 def grouped_matmul(
@@ -65,8 +60,8 @@ def grouped_matmul(
 ):  # fmt: skip
     """Tiled grouped matmul (contract: ``ejkernel.kernels.signatures.grouped_matmul``).
 
-    ``fwd_params.q_blocksize`` / ``bwd_params.q_blocksize``: the row tile of the forward and of the
-    backward (None: ``default_tile``); the other fields mean nothing here.
+    ``fwd_params``/``bwd_params``: ``TiledGmmParams`` (``ejkernel_xla.params``), ``block_m`` the row tile of
+    the forward and of the backward (None: ``default_tile``, the backward: the forward's).
     """
     fwd_tile = _tile(fwd_params, default_tile(lhs.shape[0], rhs.shape[0]))
     opts = _tiled.Options(

@@ -2,7 +2,7 @@
 
 Elsewhere ``ragged_dot``'s generic lowering masks a copy of ``lhs`` per group (``G x M x K``), so the tiled
 implementation (``interface``) serves CPU and GPU. Gradients are ``ragged_dot``'s own (``d rhs`` is a
-ragged-contracting ``ragged_dot_general``). There are no launch parameters.
+ragged-contracting ``ragged_dot_general``). There are no launch parameters (``NoParams``).
 """
 
 from __future__ import annotations

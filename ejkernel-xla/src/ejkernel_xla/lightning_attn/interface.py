@@ -13,8 +13,8 @@ def lightning_attn(
 ):  # fmt: skip
     """Linear attention decaying by ``exp(-slope[h])`` per step (contract: ``ejkernel.kernels.signatures.lightning_attn``).
 
-    ``fwd_params``/``bwd_params``: ``q_blocksize`` is the chunk length of each pass (rounded down to a power
-    of two; 1 = the step-by-step recurrence; None: the heuristic). The other fields mean nothing here.
+    ``fwd_params``/``bwd_params``: ``ChunkParams`` (``ejkernel_xla.params``), the chunk length of each pass
+    (a power of two; 1 = the step-by-step recurrence; None: the heuristic).
     """
     b, t, h, dk = q.shape
     opts = options(

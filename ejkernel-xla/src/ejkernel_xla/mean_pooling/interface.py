@@ -2,7 +2,8 @@
 
 Both are one pass over ``x`` (XLA fuses the float32 conversion into the reduction, so no float32 copy of
 ``x`` is made) and their gradients, by autodiff, are a broadcast or a gather of ``d out``: ``O(T D)``.
-There is nothing to tile, so there are no launch parameters (``fwd_params``/``bwd_params`` are ignored).
+There is nothing to tile, so there are no launch parameters (``NoParams``: a config that sets one is
+refused).
 """
 
 from __future__ import annotations

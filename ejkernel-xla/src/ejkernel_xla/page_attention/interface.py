@@ -1,9 +1,9 @@
 """XLA ``page_attention``: one decode query per sequence, key blocks gathered page by page (see ``_paged``).
 
-``fwd_params.kv_blocksize``: keys per block, rounded down to whole pages (at least one page);
-``fwd_params.q_blocksize``: sequences processed together (a chunk; chunks run one after another, each
-over the blocks its longest sequence needs, sequences sorted by length first). None: ``heuristic_cfg``.
-There is no backward: the op is not differentiable. ``num_warps``/``num_stages`` mean nothing here.
+Launch parameters: ``PagedParams`` (``ejkernel_xla.params``): ``keys_per_block``, keys per block, rounded
+down to whole pages (at least one page); ``seqs_per_chunk``, sequences processed together (a chunk;
+chunks run one after another, each over the blocks its longest sequence needs, sequences sorted by length
+first). None: ``heuristic_cfg``. There is no backward (``NoParams``): the op is not differentiable.
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels.signatures.page_attention import refuse_gradients
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_xla._paged import candidate_blocks, choose_blocks, chunk_for, options, paged_items
+from ejkernel_xla.params import NoParams, PagedParams, coerce
 
 OP = "page_attention"
 
@@ -32,19 +32,19 @@ def _dims(inv: Any) -> tuple[int, int, int, int, int, int]:
     return int(n), int(h), int(kh), e, int(page), int(inv.arguments["block_tables"].shape[1])
 
 
-def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
+def heuristic_cfg(inv: Any, stage: str) -> PagedParams | NoParams:
     if stage != "fwd":
-        return BwdParams()  # not differentiable: nothing to tune
+        return NoParams()  # not differentiable: nothing to tune
     bk, c = _blocks(*_dims(inv))
-    return FwdParams(q_blocksize=c, kv_blocksize=bk)
+    return PagedParams(keys_per_block=bk, seqs_per_chunk=c)
 
 
-def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
+def candidate_cfgs(inv: Any, stage: str) -> list[PagedParams] | list[NoParams]:
     if stage != "fwd":
-        return [BwdParams()]
+        return [NoParams()]
     n, h, kh, e, page, m = _dims(inv)
     bk, c = _blocks(n, h, kh, e, page, m)
-    return [FwdParams(q_blocksize=cc, kv_blocksize=bb) for bb, cc in candidate_blocks(bk, c, n, m * page, page)]
+    return [PagedParams(keys_per_block=bb, seqs_per_chunk=cc) for bb, cc in candidate_blocks(bk, c, n, m * page, page)]
 
 
 def page_attention(
@@ -57,8 +57,8 @@ def page_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
-    fwd_params: FwdParams | None = None,
-    bwd_params: BwdParams | None = None,
+    fwd_params: PagedParams | None = None,
+    bwd_params: NoParams | None = None,
 ) -> jax.Array:
     """Paged decode attention (contract: ``ejkernel.kernels.signatures.page_attention``)."""
     query, key_cache, value_cache = refuse_gradients(OP, query, key_cache, value_cache)
@@ -66,11 +66,12 @@ def page_attention(
     _, page, kh, _ = key_cache.shape
     m, e = block_tables.shape[1], max(d, value_cache.shape[-1])
     bk, c = _blocks(n, h, kh, e, page, m)
-    if fwd_params is not None and fwd_params.kv_blocksize:
-        bk = max(1, min(m, fwd_params.kv_blocksize // page)) * page  # whole pages, as paged_items rounds it
+    p = coerce(PagedParams, fwd_params) or PagedParams()
+    if p.keys_per_block is not None:
+        bk = max(1, min(m, p.keys_per_block // page)) * page  # whole pages, as paged_items rounds it
         c = chunk_for(bk, n, 1, h, kh, e)
-    if fwd_params is not None and fwd_params.q_blocksize:
-        c = fwd_params.q_blocksize
+    if p.seqs_per_chunk is not None:
+        c = p.seqs_per_chunk
     lens = jnp.asarray(context_lens).astype(jnp.int32)
     out = paged_items(
         options(d, softmax_scale, logits_soft_cap, sliding_window),

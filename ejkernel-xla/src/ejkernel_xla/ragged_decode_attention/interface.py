@@ -1,9 +1,10 @@
 """XLA ``ragged_decode_attention``: blockwise over the dense cache, only the blocks some row's range touches
 (see ``_paged.ragged_dense``).
 
-``fwd_params.kv_blocksize``: keys per block (at most S); ``fwd_params.q_blocksize``: batch rows processed
-together (a chunk; each chunk loops over the blocks its rows' ranges cover). None: ``heuristic_cfg``.
-There is no backward: the op is not differentiable. ``num_warps``/``num_stages`` mean nothing here.
+Launch parameters: ``RaggedDecodeParams`` (``ejkernel_xla.params``): ``keys_per_block``, keys per block (at
+most S); ``rows_per_chunk``, batch rows processed together (a chunk; each chunk loops over the blocks its
+rows' ranges cover). None: ``heuristic_cfg``. There is no backward (``NoParams``): the op is not
+differentiable.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels.signatures.ragged_decode_attention import refuse_gradients
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_xla._paged import candidate_blocks, choose_blocks, chunk_for, options, ragged_dense
+from ejkernel_xla.params import NoParams, RaggedDecodeParams, coerce
 
 OP = "ragged_decode_attention"
 
@@ -32,19 +33,19 @@ def _blocks(b: int, h: int, kh: int, e: int, s: int) -> tuple[int, int]:
     return choose_blocks(b, 1, h, kh, e, s, 1)
 
 
-def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
+def heuristic_cfg(inv: Any, stage: str) -> RaggedDecodeParams | NoParams:
     if stage != "fwd":
-        return BwdParams()  # not differentiable: nothing to tune
+        return NoParams()  # not differentiable: nothing to tune
     bk, c = _blocks(*_dims(inv))
-    return FwdParams(q_blocksize=c, kv_blocksize=bk)
+    return RaggedDecodeParams(keys_per_block=bk, rows_per_chunk=c)
 
 
-def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
+def candidate_cfgs(inv: Any, stage: str) -> list[RaggedDecodeParams] | list[NoParams]:
     if stage != "fwd":
-        return [BwdParams()]
+        return [NoParams()]
     b, h, kh, e, s = _dims(inv)
     bk, c = _blocks(b, h, kh, e, s)
-    return [FwdParams(q_blocksize=cc, kv_blocksize=bb) for bb, cc in candidate_blocks(bk, c, b, s, 1)]
+    return [RaggedDecodeParams(keys_per_block=bb, rows_per_chunk=cc) for bb, cc in candidate_blocks(bk, c, b, s, 1)]
 
 
 def ragged_decode_attention(
@@ -57,19 +58,20 @@ def ragged_decode_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
-    fwd_params: FwdParams | None = None,
-    bwd_params: BwdParams | None = None,
+    fwd_params: RaggedDecodeParams | None = None,
+    bwd_params: NoParams | None = None,
 ) -> jax.Array:
     """Ragged decode attention (contract: ``ejkernel.kernels.signatures.ragged_decode_attention``)."""
     query, key, value = refuse_gradients(OP, query, key, value)
     b, h, d = query.shape
     s, kh, e = key.shape[1], key.shape[2], max(d, value.shape[-1])
     bk, c = _blocks(b, h, kh, e, s)
-    if fwd_params is not None and fwd_params.kv_blocksize:
-        bk = max(1, min(s, fwd_params.kv_blocksize))
+    p = coerce(RaggedDecodeParams, fwd_params) or RaggedDecodeParams()
+    if p.keys_per_block is not None:
+        bk = max(1, min(s, p.keys_per_block))
         c = chunk_for(bk, b, 1, h, kh, e)
-    if fwd_params is not None and fwd_params.q_blocksize:
-        c = fwd_params.q_blocksize
+    if p.rows_per_chunk is not None:
+        c = p.rows_per_chunk
     return ragged_dense(
         options(d, softmax_scale, logits_soft_cap, sliding_window),
         query,

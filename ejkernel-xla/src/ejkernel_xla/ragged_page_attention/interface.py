@@ -1,10 +1,11 @@
-"""XLA ``ragged_page_attention``: every live sequence's queries cut into items of ``q_blocksize`` rows,
+"""XLA ``ragged_page_attention``: every live sequence's queries cut into items of ``rows_per_item`` rows,
 key blocks gathered page by page for many items at once (see ``_paged``).
 
-``fwd_params.q_blocksize``: query rows per item (a decode sequence fills one row of its item, so small
-values suit decode-heavy batches and large ones prefill); ``fwd_params.kv_blocksize``: keys per block,
-rounded down to whole pages (at least one). Items per chunk follow from both (``choose_blocks``).
-None: ``heuristic_cfg``. There is no backward: the op is not differentiable.
+Launch parameters: ``RaggedPagedParams`` (``ejkernel_xla.params``): ``rows_per_item``, query rows per item
+(a decode sequence fills one row of its item, so small values suit decode-heavy batches and large ones
+prefill); ``keys_per_block``, keys per block, rounded down to whole pages (at least one). Items per chunk
+follow from both (``choose_blocks``). None: ``heuristic_cfg``. There is no backward (``NoParams``): the op
+is not differentiable.
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.kernels.signatures.ragged_page_attention import refuse_gradients
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_xla._paged import candidate_blocks, choose_blocks, chunk_for, default_rows, options, ragged_paged
+from ejkernel_xla.params import NoParams, RaggedPagedParams, coerce
 
 OP = "ragged_page_attention"
 
@@ -47,23 +48,23 @@ def _plan(t: int, s: int, h: int, kh: int, e: int, page: int, m: int, rows: int 
     return r, bk, c
 
 
-def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
+def heuristic_cfg(inv: Any, stage: str) -> RaggedPagedParams | NoParams:
     if stage != "fwd":
-        return BwdParams()  # not differentiable: nothing to tune
+        return NoParams()  # not differentiable: nothing to tune
     r, bk, _ = _plan(*_dims(inv), None, None)
-    return FwdParams(q_blocksize=r, kv_blocksize=bk)
+    return RaggedPagedParams(rows_per_item=r, keys_per_block=bk)
 
 
-def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
+def candidate_cfgs(inv: Any, stage: str) -> list[RaggedPagedParams] | list[NoParams]:
     if stage != "fwd":
-        return [BwdParams()]
+        return [NoParams()]
     t, s, h, kh, e, page, m = _dims(inv)
     r0 = default_rows(t, s)
-    out: list[FwdParams | BwdParams] = []
+    out: list[RaggedPagedParams] = []
     for fr in _ROW_FACTORS:
         r, bk, c = _plan(t, s, h, kh, e, page, m, max(1, int(r0 * fr)), None)
         for bb, _ in candidate_blocks(bk, c, _items(t, s, r), m * page, page)[:3]:  # the key block factors
-            cfg = FwdParams(q_blocksize=r, kv_blocksize=bb)
+            cfg = RaggedPagedParams(rows_per_item=r, keys_per_block=bb)
             if cfg not in out:
                 out.append(cfg)
     return out
@@ -81,16 +82,16 @@ def ragged_page_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
-    fwd_params: FwdParams | None = None,
-    bwd_params: BwdParams | None = None,
+    fwd_params: RaggedPagedParams | None = None,
+    bwd_params: NoParams | None = None,
 ) -> jax.Array:
     """Ragged paged attention (contract: ``ejkernel.kernels.signatures.ragged_page_attention``)."""
     query, key_cache, value_cache = refuse_gradients(OP, query, key_cache, value_cache)
     t, h, d = query.shape
     _, page, kh, _ = key_cache.shape
     s, m = block_tables.shape
-    p = fwd_params or FwdParams()
-    r, bk, c = _plan(t, s, h, kh, max(d, value_cache.shape[-1]), page, m, p.q_blocksize, p.kv_blocksize)
+    p = coerce(RaggedPagedParams, fwd_params) or RaggedPagedParams()
+    r, bk, c = _plan(t, s, h, kh, max(d, value_cache.shape[-1]), page, m, p.rows_per_item, p.keys_per_block)
     return ragged_paged(
         options(d, softmax_scale, logits_soft_cap, sliding_window),
         query,

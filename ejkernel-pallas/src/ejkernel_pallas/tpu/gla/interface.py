@@ -2,8 +2,9 @@
 
 Serves every option of the contract: ``scale``, ``initial_state`` (differentiable), ``output_final_state``
 and packed sequences (``cu_seqlens``), in float32 and bfloat16; gates and the initial state in any float
-dtype. It declines float16 ``q``/``k``/``v`` (``supports``). The chunk length is ``q_blocksize`` of the
-launch parameters (forward and backward each: a power of two from 16 to 128; ``T`` is padded to it).
+dtype. It declines float16 ``q``/``k``/``v`` (``supports``). The chunk length is the launch parameters'
+``GlaChunkParams.chunk_size`` (forward and backward each: a power of two from 16 to 128; ``T`` is padded
+to it).
 
 The forward saves the state entering each chunk (``[B, H, T / C, K, V]`` float32, as the XLA version's
 chunked form does); with another chunk length for the backward, the backward recomputes them with its own.
@@ -21,9 +22,9 @@ import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
 from ejkernel.device import cdiv
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_pallas.tpu.gla._kernels import LAST, RESET, SUB, Geometry, backward, forward
+from ejkernel_pallas.tpu.params import GlaChunkParams, coerce
 
 F32 = jnp.float32
 SUPPORTED_DTYPES = ("float32", "bfloat16")
@@ -50,18 +51,16 @@ def supports(inv: Any) -> str | None:
     return None
 
 
-def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
-    """``q_blocksize`` = the chunk length for the call's length (both passes)."""
+def heuristic_cfg(inv: Any, stage: str) -> GlaChunkParams:
+    """The chunk length for the call's length (both passes)."""
     t = int(inv.arguments["q"].shape[1])
-    cls = FwdParams if stage == "fwd" else BwdParams
-    return cls(q_blocksize=chunk_size(None, t))
+    return GlaChunkParams(chunk_size=chunk_size(None, t))
 
 
-def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
+def candidate_cfgs(inv: Any, stage: str) -> list[GlaChunkParams]:
     """The chunk lengths the autotuner times: ``CANDIDATE_CHUNKS`` that fit the call's length."""
     t = int(inv.arguments["q"].shape[1])
-    cls = FwdParams if stage == "fwd" else BwdParams
-    return [cls(q_blocksize=c) for c in dict.fromkeys(chunk_size(c, t) for c in CANDIDATE_CHUNKS)]
+    return [GlaChunkParams(chunk_size=c) for c in dict.fromkeys(chunk_size(c, t) for c in CANDIDATE_CHUNKS)]
 
 
 def _interpret_params() -> Any:
@@ -213,10 +212,11 @@ def _make(interpret: Any) -> Any:
         initial_state: jax.Array | None = None,
         output_final_state: bool = False,
         cu_seqlens: jax.Array | None = None,
-        fwd_params: FwdParams | None = None,
-        bwd_params: BwdParams | None = None,
+        fwd_params: GlaChunkParams | None = None,
+        bwd_params: GlaChunkParams | None = None,
     ) -> tuple[jax.Array, jax.Array | None]:
-        """Mosaic TPU gated linear attention; launch parameters: ``q_blocksize`` = the chunk (16 to 128)."""
+        """Mosaic TPU gated linear attention; launch parameters: ``GlaChunkParams`` (the chunk, 16 to 128)."""
+        fwd_p, bwd_p = coerce(GlaChunkParams, fwd_params), coerce(GlaChunkParams, bwd_params)
         q, k, v, g = (jnp.asarray(x) for x in (q, k, v, g))
         b, t, h, dk = q.shape
         n = b if cu_seqlens is None else cu_seqlens.shape[0] - 1
@@ -227,8 +227,8 @@ def _make(interpret: Any) -> Any:
         o, final = _gla(
             q, k, v, g, h0.astype(F32), None if cu_seqlens is None else jnp.asarray(cu_seqlens),
             scale=float(dk**-0.5 if scale is None else scale),
-            fwd_chunk=chunk_size(None if fwd_params is None else fwd_params.q_blocksize, t),
-            bwd_chunk=chunk_size(None if bwd_params is None else bwd_params.q_blocksize, t),
+            fwd_chunk=chunk_size(None if fwd_p is None else fwd_p.chunk_size, t),
+            bwd_chunk=chunk_size(None if bwd_p is None else bwd_p.chunk_size, t),
             interpret=interpret() if callable(interpret) else interpret,
         )  # fmt: skip
         return o, (final if output_final_state else None)

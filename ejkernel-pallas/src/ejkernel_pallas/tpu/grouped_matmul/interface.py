@@ -5,11 +5,11 @@ other orientation of ``rhs``), ``tgmm`` for ``d rhs[g] = lhs_g^T d out_g``; see 
 Serves float32 and bfloat16 (any ``transpose_rhs``, any ``preferred_element_type`` of those two); declines
 float16, which the TPU does not compute in.
 
-Launch parameters (``FwdParams`` for the forward, ``BwdParams`` for both backward kernels), in the
-op's letters (``lhs [M, K]``, ``out [M, N]``):
+Launch parameters (``GmmParams`` in ``ejkernel_pallas.tpu.params``, one for the forward, one for both
+backward kernels), in the op's letters (``lhs [M, K]``, ``out [M, N]``):
 
-- ``q_blocksize``: ``tm``, the row tile (a multiple of 128; all the rows, rounded up to 16, when fewer);
-- ``kv_blocksize``: ``tn``, the tile of N (a multiple of 128, at most N rounded up to 128): the output
+- ``block_m``: ``tm``, the row tile (a multiple of 128; all the rows, rounded up to 16, when fewer);
+- ``block_n``: ``tn``, the tile of N (a multiple of 128, at most N rounded up to 128): the output
   columns of the forward and of ``d rhs``, the contracted dim of ``d lhs``;
 - ``tk``, the tile of K, is no parameter: all of K (rounded up to 128) up to 1024 for bfloat16 (512 for
   float32: 2 KiB per row of a block), else the largest of 512, 256, 128 that divides K rounded up to 128
@@ -32,9 +32,9 @@ from jax.experimental.pallas import tpu as pltpu
 
 from ejkernel.device import round_up
 from ejkernel.kernels.signatures.grouped_matmul import canonical_dtype
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_pallas.tpu.grouped_matmul._kernels import GmmGeometry, TgmmGeometry, gmm, schedule, tgmm
+from ejkernel_pallas.tpu.params import GmmParams, coerce
 
 SUPPORTED_DTYPES = ("float32", "bfloat16")
 _LANES = 128
@@ -62,7 +62,7 @@ def row_tile(m: int, wanted: int | None) -> int:
         wanted = 128 if m < 4096 else 256 if m < 16384 else 512
     if not isinstance(wanted, int) or wanted < 1:
         raise ValueError(
-            f"grouped_matmul (pallas:tpu): the row tile (q_blocksize) must be a positive int, got {wanted!r}"
+            f"grouped_matmul (pallas:tpu): the row tile (GmmParams.block_m) must be a positive int, got {wanted!r}"
         )
     return min(round_up(wanted, _LANES), round_up(max(m, 1), _SUBLANES))
 
@@ -75,7 +75,7 @@ def col_tile(n: int, wanted: int | None) -> int:
         wanted = next(t for t in reversed(_TILES) if n128 % t == 0)
     if not isinstance(wanted, int) or wanted < 1:
         raise ValueError(
-            f"grouped_matmul (pallas:tpu): the N tile (kv_blocksize) must be a positive int, got {wanted!r}"
+            f"grouped_matmul (pallas:tpu): the N tile (GmmParams.block_n) must be a positive int, got {wanted!r}"
         )
     return min(round_up(wanted, _LANES), n128)
 
@@ -96,19 +96,17 @@ def _dims(inv: Any) -> tuple[int, int]:
     return m, n
 
 
-def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
+def heuristic_cfg(inv: Any, stage: str) -> GmmParams:
     m, n = _dims(inv)
-    cls = FwdParams if stage == "fwd" else BwdParams
-    return cls(q_blocksize=row_tile(m, None), kv_blocksize=col_tile(n, None))
+    return GmmParams(block_m=row_tile(m, None), block_n=col_tile(n, None))
 
 
-def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
+def candidate_cfgs(inv: Any, stage: str) -> list[GmmParams]:
     m, n = _dims(inv)
-    cls = FwdParams if stage == "fwd" else BwdParams
-    out: list[FwdParams | BwdParams] = [heuristic_cfg(inv, stage)]
+    out: list[GmmParams] = [heuristic_cfg(inv, stage)]
     for tm in _TILES:
         for tn in _TILES:
-            cfg = cls(q_blocksize=row_tile(m, tm), kv_blocksize=col_tile(n, tn))
+            cfg = GmmParams(block_m=row_tile(m, tm), block_n=col_tile(n, tn))
             if cfg not in out:
                 out.append(cfg)
     return out
@@ -134,8 +132,8 @@ def _grouped_matmul(
     *,
     transpose_rhs: bool,
     out_dtype: str,
-    fwd_params: FwdParams | None,
-    bwd_params: BwdParams | None,
+    fwd_params: GmmParams | None,
+    bwd_params: GmmParams | None,
     interpret: Any,
 ) -> jax.Array:
     m, k = lhs.shape
@@ -143,7 +141,8 @@ def _grouped_matmul(
     n = rhs.shape[1] if transpose_rhs else rhs.shape[2]
     if m == 0 or n == 0 or k == 0:  # nothing to multiply: zeros, and zero gradients through jnp.zeros
         return jnp.zeros((m, n), out_dtype)
-    fwd_p, bwd_p = fwd_params or FwdParams(), bwd_params or BwdParams()
+    fwd_p = coerce(GmmParams, fwd_params) or GmmParams()
+    bwd_p = coerce(GmmParams, bwd_params) or GmmParams()
     tk = k_tile(k, jnp.dtype(lhs.dtype).itemsize)
     k_pad = round_up(k, tk)
 
@@ -155,7 +154,7 @@ def _grouped_matmul(
         return fwd(lhs, rhs, group_sizes)[0]
 
     def fwd(lhs: jax.Array, rhs: jax.Array, group_sizes: jax.Array) -> Any:
-        tm, tn = row_tile(m, fwd_p.q_blocksize), col_tile(n, fwd_p.kv_blocksize)
+        tm, tn = row_tile(m, fwd_p.block_m), col_tile(n, fwd_p.block_n)
         m_pad, n_pad = round_up(m, tm), round_up(n, tn)
         geo = GmmGeometry(tm=tm, tc=tk, to=tn, transpose_rhs=transpose_rhs, compute_dtype=lhs.dtype.name)
         sched = schedule(group_sizes, m, m_pad, tm, for_tgmm=False)
@@ -164,7 +163,7 @@ def _grouped_matmul(
 
     def bwd(res: Any, dout: jax.Array) -> Any:
         lhs, rhs, group_sizes = res
-        tm, tn = row_tile(m, bwd_p.q_blocksize), col_tile(n, bwd_p.kv_blocksize)
+        tm, tn = row_tile(m, bwd_p.block_m), col_tile(n, bwd_p.block_n)
         m_pad, n_pad = round_up(m, tm), round_up(n, tn)
         dtype = lhs.dtype.name
         dout_p = _pad(dout, (m_pad, n_pad))
@@ -191,10 +190,10 @@ def _make(interpret: Any) -> Any:
         *,
         transpose_rhs: bool = False,
         preferred_element_type: Any = None,
-        fwd_params: FwdParams | None = None,
-        bwd_params: BwdParams | None = None,
+        fwd_params: GmmParams | None = None,
+        bwd_params: GmmParams | None = None,
     ) -> jax.Array:
-        """Mosaic TPU grouped matmul; launch parameters ``q_blocksize`` (rows) and ``kv_blocksize`` (N)."""
+        """Mosaic TPU grouped matmul; launch parameters ``GmmParams``: ``block_m`` (rows) and ``block_n`` (N)."""
         return _grouped_matmul(
             lhs,
             rhs,

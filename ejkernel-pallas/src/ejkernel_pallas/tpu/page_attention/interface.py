@@ -8,9 +8,9 @@ Grid ``(N, key blocks)``: one sequence per step along the first axis, all of its
 the pages resident in VMEM (see ``ejkernel_pallas.tpu._paged`` for why whole pages), blocks past the
 length or before the window skipped without a fetch.
 
-Launch parameters: ``fwd_params.kv_blocksize``: keys per block, rounded down to whole pages (at least one
-page, at most 16 pages, the table's width and an 8 MiB VMEM budget for the double-buffered pages);
-``q_blocksize`` means nothing here (one sequence per step), nor do ``num_warps``/``num_stages``.
+Launch parameters: ``PagedKeyParams`` (``ejkernel_pallas.tpu.params``): ``keys_per_block``, keys per block,
+rounded down to whole pages (at least one page, at most 16 pages, the table's width and an 8 MiB VMEM
+budget for the double-buffered pages); nothing else (one sequence per step). No backward (``ForwardOnly``).
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import jax
 import numpy as np
 
 from ejkernel.kernels.signatures.page_attention import refuse_gradients
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_pallas.tpu._paged import Geometry, candidate_pages, interpret_params, pages_per_block
 from ejkernel_pallas.tpu._paged import supports as supports
 from ejkernel_pallas.tpu.page_attention._kernels import forward
+from ejkernel_pallas.tpu.params import ForwardOnly, PagedKeyParams, coerce
 
 OP = "page_attention"
 
@@ -37,18 +37,18 @@ def _dims(inv: Any) -> tuple[int, int, int, int, Any]:
     return int(page), int(a["block_tables"].shape[1]), int(kh), e, np.dtype(a["query"].dtype)
 
 
-def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
+def heuristic_cfg(inv: Any, stage: str) -> PagedKeyParams | ForwardOnly:
     if stage != "fwd":
-        return BwdParams()  # not differentiable: nothing to tune
+        return ForwardOnly()  # not differentiable: nothing to tune
     page, m, kh, e, dtype = _dims(inv)
-    return FwdParams(kv_blocksize=pages_per_block(None, page, m, kh, e, dtype) * page)
+    return PagedKeyParams(keys_per_block=pages_per_block(None, page, m, kh, e, dtype) * page)
 
 
-def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
+def candidate_cfgs(inv: Any, stage: str) -> list[PagedKeyParams] | list[ForwardOnly]:
     if stage != "fwd":
-        return [BwdParams()]
+        return [ForwardOnly()]
     page, m, kh, e, dtype = _dims(inv)
-    return [FwdParams(kv_blocksize=ppb * page) for ppb in candidate_pages(page, m, kh, e, dtype)]
+    return [PagedKeyParams(keys_per_block=ppb * page) for ppb in candidate_pages(page, m, kh, e, dtype)]
 
 
 def _make(interpret: Any) -> Any:
@@ -62,10 +62,11 @@ def _make(interpret: Any) -> Any:
         softmax_scale: float | None = None,
         logits_soft_cap: float | None = None,
         sliding_window: int | None = None,
-        fwd_params: FwdParams | None = None,
-        bwd_params: BwdParams | None = None,
+        fwd_params: PagedKeyParams | None = None,
+        bwd_params: ForwardOnly | None = None,
     ) -> jax.Array:
-        """Mosaic TPU paged decode attention; launch parameter: ``kv_blocksize`` (keys per block, whole pages)."""
+        """Mosaic TPU paged decode attention; launch parameter: ``PagedKeyParams.keys_per_block`` (whole pages)."""
+        p = coerce(PagedKeyParams, fwd_params) or PagedKeyParams()
         query, key_cache, value_cache = refuse_gradients(OP, query, key_cache, value_cache)
         n, h, d = query.shape
         _, page, kh, _ = key_cache.shape
@@ -73,8 +74,7 @@ def _make(interpret: Any) -> Any:
         m = block_tables.shape[1]
         if n == 0:
             return jax.numpy.zeros((0, h, dv), query.dtype)
-        wanted = fwd_params.kv_blocksize if fwd_params is not None else None
-        ppb = pages_per_block(wanted, page, m, kh, max(d, dv), query.dtype)
+        ppb = pages_per_block(p.keys_per_block, page, m, kh, max(d, dv), query.dtype)
         geo = Geometry(
             rows=1, group=h // kh, kv_heads=kh, bk=ppb * page, pages=ppb,
             scale=float(d**-0.5 if softmax_scale is None else softmax_scale),

@@ -7,9 +7,9 @@ raises the contract's ``TypeError`` (``refuse_gradients``, as every implementati
 Grid ``(B, key blocks)``: one batch row per step along the first axis, all of its kv heads computed from
 the resident ``(bk, K, D)`` block; blocks outside the row's range (and window) are skipped without a fetch.
 
-Launch parameters: ``fwd_params.kv_blocksize``: keys per block (default 512), rounded up to a multiple
-of 8, at most ``S`` and an 8 MiB VMEM budget for the double-buffered key and value blocks;
-``q_blocksize`` means nothing here (one batch row per step), nor do ``num_warps``/``num_stages``.
+Launch parameters: ``DecodeKeyParams`` (``ejkernel_pallas.tpu.params``): ``keys_per_block``, keys per block
+(default 512), rounded up to a multiple of 8, at most ``S`` and an 8 MiB VMEM budget for the double-buffered
+key and value blocks; nothing else (one batch row per step). No backward (``ForwardOnly``).
 """
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.kernels.signatures.ragged_decode_attention import refuse_gradients
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_pallas.tpu._paged import DEFAULT_KV_TOKENS, Geometry, interpret_params, max_kv_tokens, round_up
 from ejkernel_pallas.tpu._paged import supports as supports
+from ejkernel_pallas.tpu.params import DecodeKeyParams, ForwardOnly, coerce
 from ejkernel_pallas.tpu.ragged_decode_attention._kernels import forward
 
 OP = "ragged_decode_attention"
@@ -44,18 +44,18 @@ def _dims(inv: Any) -> tuple[int, int, int, Any]:
     return int(s), int(kh), max(int(d), int(a["value"].shape[-1])), np.dtype(a["query"].dtype)
 
 
-def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
+def heuristic_cfg(inv: Any, stage: str) -> DecodeKeyParams | ForwardOnly:
     if stage != "fwd":
-        return BwdParams()  # not differentiable: nothing to tune
-    return FwdParams(kv_blocksize=key_block(None, *_dims(inv)))
+        return ForwardOnly()  # not differentiable: nothing to tune
+    return DecodeKeyParams(keys_per_block=key_block(None, *_dims(inv)))
 
 
-def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
+def candidate_cfgs(inv: Any, stage: str) -> list[DecodeKeyParams] | list[ForwardOnly]:
     if stage != "fwd":
-        return [BwdParams()]
-    out: list[FwdParams | BwdParams] = []
+        return [ForwardOnly()]
+    out: list[DecodeKeyParams] = []
     for tokens in _CANDIDATE_TOKENS:
-        cfg = FwdParams(kv_blocksize=key_block(tokens, *_dims(inv)))
+        cfg = DecodeKeyParams(keys_per_block=key_block(tokens, *_dims(inv)))
         if cfg not in out:
             out.append(cfg)
     return out
@@ -72,19 +72,20 @@ def _make(interpret: Any) -> Any:
         softmax_scale: float | None = None,
         logits_soft_cap: float | None = None,
         sliding_window: int | None = None,
-        fwd_params: FwdParams | None = None,
-        bwd_params: BwdParams | None = None,
+        fwd_params: DecodeKeyParams | None = None,
+        bwd_params: ForwardOnly | None = None,
     ) -> jax.Array:
-        """Mosaic TPU ragged decode attention; launch parameter: ``kv_blocksize`` (keys per block)."""
+        """Mosaic TPU ragged decode attention; launch parameter: ``DecodeKeyParams.keys_per_block``."""
+        p = coerce(DecodeKeyParams, fwd_params) or DecodeKeyParams()
         query, key, value = refuse_gradients(OP, query, key, value)
         b, h, d = query.shape
         s, kh = key.shape[1], key.shape[2]
         dv = value.shape[-1]
         if b == 0 or s == 0:  # no row, or no key for any row: zeros
             return jnp.zeros((b, h, dv), query.dtype)
-        wanted = fwd_params.kv_blocksize if fwd_params is not None else None
         geo = Geometry(
-            rows=1, group=h // kh, kv_heads=kh, bk=key_block(wanted, s, kh, max(d, dv), query.dtype), pages=0,
+            rows=1, group=h // kh, kv_heads=kh, bk=key_block(p.keys_per_block, s, kh, max(d, dv), query.dtype),
+            pages=0,
             scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
             soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
             window=None if sliding_window is None else int(sliding_window),

@@ -9,11 +9,11 @@ Grid ``(work items, key blocks)``: an item is up to ``R`` query rows of one sequ
 ``[K, R * G, D]`` query tile meets the whole pages of each key block (see ``ejkernel_pallas.tpu._paged``),
 blocks past its last row's position or before its first row's window skipped without a fetch.
 
-Launch parameters: ``fwd_params.q_blocksize``: ``R``, query rows per item (default: a power of two near the
-mean query length, up to 128: 1 for a decode batch; at most what a 4 MiB VMEM budget for the query tile,
-output and float32 accumulator allows); ``fwd_params.kv_blocksize``: keys per block, rounded down to whole
-pages (at least one page, at most 16 pages, the table's width and an 8 MiB VMEM budget for the
-double-buffered pages). ``num_warps``/``num_stages`` mean nothing here.
+Launch parameters: ``RaggedItemParams`` (``ejkernel_pallas.tpu.params``): ``rows_per_item``, ``R``, query rows
+per item (default: a power of two near the mean query length, up to 128: 1 for a decode batch; at most
+what a 4 MiB VMEM budget for the query tile, output and float32 accumulator allows); ``keys_per_block``,
+keys per block, rounded down to whole pages (at least one page, at most 16 pages, the table's width and an
+8 MiB VMEM budget for the double-buffered pages). No backward (``ForwardOnly``).
 """
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.kernels.signatures.ragged_page_attention import refuse_gradients
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_pallas.tpu._paged import (
     Q_VMEM_BYTES,
@@ -36,6 +35,7 @@ from ejkernel_pallas.tpu._paged import (
     round_up,
 )
 from ejkernel_pallas.tpu._paged import supports as supports
+from ejkernel_pallas.tpu.params import ForwardOnly, RaggedItemParams, coerce
 from ejkernel_pallas.tpu.ragged_page_attention._kernels import forward
 
 OP = "ragged_page_attention"
@@ -63,26 +63,26 @@ def _dims(inv: Any) -> tuple[int, int, int, int, int, int, int, Any]:
     return int(t), int(s), int(h), int(kh), e, int(page), int(m), np.dtype(a["query"].dtype)
 
 
-def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
+def heuristic_cfg(inv: Any, stage: str) -> RaggedItemParams | ForwardOnly:
     if stage != "fwd":
-        return BwdParams()  # not differentiable: nothing to tune
+        return ForwardOnly()  # not differentiable: nothing to tune
     t, s, h, kh, e, page, m, dtype = _dims(inv)
-    return FwdParams(
-        q_blocksize=rows_per_item(None, t, s, h, e, dtype),
-        kv_blocksize=pages_per_block(None, page, m, kh, e, dtype) * page,
+    return RaggedItemParams(
+        rows_per_item=rows_per_item(None, t, s, h, e, dtype),
+        keys_per_block=pages_per_block(None, page, m, kh, e, dtype) * page,
     )
 
 
-def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
+def candidate_cfgs(inv: Any, stage: str) -> list[RaggedItemParams] | list[ForwardOnly]:
     if stage != "fwd":
-        return [BwdParams()]
+        return [ForwardOnly()]
     t, s, h, kh, e, page, m, dtype = _dims(inv)
     r0 = rows_per_item(None, t, s, h, e, dtype)
-    out: list[FwdParams | BwdParams] = []
+    out: list[RaggedItemParams] = []
     for factor in _ROW_FACTORS:
         r = rows_per_item(max(1, int(r0 * factor)), t, s, h, e, dtype)
         for ppb in candidate_pages(page, m, kh, e, dtype):
-            cfg = FwdParams(q_blocksize=r, kv_blocksize=ppb * page)
+            cfg = RaggedItemParams(rows_per_item=r, keys_per_block=ppb * page)
             if cfg not in out:
                 out.append(cfg)
     return out
@@ -101,11 +101,12 @@ def _make(interpret: Any) -> Any:
         softmax_scale: float | None = None,
         logits_soft_cap: float | None = None,
         sliding_window: int | None = None,
-        fwd_params: FwdParams | None = None,
-        bwd_params: BwdParams | None = None,
+        fwd_params: RaggedItemParams | None = None,
+        bwd_params: ForwardOnly | None = None,
     ) -> jax.Array:
-        """Mosaic TPU ragged paged attention; launch parameters ``q_blocksize`` (rows per item) and
-        ``kv_blocksize`` (keys per block, whole pages)."""
+        """Mosaic TPU ragged paged attention; launch parameters ``RaggedItemParams``: ``rows_per_item`` and
+        ``keys_per_block`` (whole pages)."""
+        p = coerce(RaggedItemParams, fwd_params) or RaggedItemParams()
         query, key_cache, value_cache = refuse_gradients(OP, query, key_cache, value_cache)
         t, h, d = query.shape
         _, page, kh, _ = key_cache.shape
@@ -113,11 +114,10 @@ def _make(interpret: Any) -> Any:
         dv = value_cache.shape[-1]
         if t == 0:
             return jnp.zeros((0, h, dv), query.dtype)
-        p = fwd_params or FwdParams()
         e = max(d, dv)
-        ppb = pages_per_block(p.kv_blocksize, page, m, kh, e, query.dtype)
+        ppb = pages_per_block(p.keys_per_block, page, m, kh, e, query.dtype)
         geo = Geometry(
-            rows=rows_per_item(p.q_blocksize, t, s, h, e, query.dtype), group=h // kh, kv_heads=kh,
+            rows=rows_per_item(p.rows_per_item, t, s, h, e, query.dtype), group=h // kh, kv_heads=kh,
             bk=ppb * page, pages=ppb, scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
             soft_cap=None if logits_soft_cap is None else float(logits_soft_cap),
             window=None if sliding_window is None else int(sliding_window),
