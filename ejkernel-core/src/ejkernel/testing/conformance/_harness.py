@@ -1,8 +1,10 @@
-"""Shared machinery of the conformance suites: which implementations to test, fresh inputs, tolerances, and the
-checks every suite makes the same way (gradients, finite differences, jit/vmap, refusals, launch configurations)."""
+"""Shared machinery of the conformance suites: which implementations to test, the tier, fresh inputs, tolerances,
+and the checks every suite makes the same way (gradients, finite differences, jit/vmap, refusals, launch
+configurations)."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
@@ -23,14 +25,21 @@ DTYPES = ("float32", "bfloat16", "float16")
 # the error is dominated by rounding the inputs/outputs (bf16: 8 bits of mantissa, fp16: 11).
 FWD_RTOL = {"float32": 2e-5, "bfloat16": 1.6e-2, "float16": 2e-3}
 GRAD_RTOL = {"float32": 1e-4, "bfloat16": 4e-2, "float16": 6e-3}
+# The CPU tier checks at most this many of an implementation's candidate launch configurations per stage, spread
+# over its list (each is one compilation, and CI has 2 cores); the GPU tier checks every one.
+CPU_TIER_CANDIDATES = 3
+GPU_TIER_SKIP = "GPU tier (realistic shapes): run with --ejkernel-tier=gpu"
 
 
 def implementations_under_test(config: Any, op: str) -> list[Any]:
-    """``pytest.param``s of the implementations of ``op`` selected by ``--ejkernel-platform``/``--ejkernel-backend``."""
+    """``pytest.param``s of the implementations of ``op`` selected by ``--ejkernel-platform`` (a name, e.g.
+    ``triton_interpret``, or a platform: all of its implementations) and ``--ejkernel-backend``."""
     platforms = set(config.getoption("ejkernel_platform", default=[]) or [])
     backend = config.getoption("ejkernel_backend", default=None) or current_backend()
     impls = [
-        i for i in kernel_registry.implementations(op, backend=backend) if not platforms or i.platform in platforms
+        i
+        for i in kernel_registry.implementations(op, backend=backend)
+        if not platforms or i.platform in platforms or i.name in platforms
     ]
     if not impls:
         wanted = f" for platform(s) {sorted(platforms)}" if platforms else ""
@@ -50,6 +59,24 @@ def parametrize_implementations(op: str) -> Callable[[Any], None]:
             metafunc.parametrize("impl", implementations_under_test(metafunc.config, op))
 
     return pytest_generate_tests
+
+
+def tier_of(config: Any) -> str:
+    """The tier ``--ejkernel-tier`` asks for: ``"cpu"`` (the default: small shapes, as CI runs them) or ``"gpu"``."""
+    return str(config.getoption("ejkernel_tier", default="cpu") or "cpu")
+
+
+@pytest.fixture
+def tier(request: Any) -> str:
+    """The run's tier (``tier_of``), for tests that scale with it (how many launch configurations they check)."""
+    return tier_of(request.config)
+
+
+@pytest.fixture
+def gpu_tier(request: Any) -> None:
+    """Requested by the GPU tier's tests (realistic shapes, too slow for CI): skipped unless ``--ejkernel-tier=gpu``."""
+    if tier_of(request.config) != "gpu":
+        pytest.skip(GPU_TIER_SKIP)
 
 
 @pytest.fixture(autouse=True)
@@ -150,16 +177,6 @@ def forward_and_vjp(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[
     return jitted(both, **kwargs)(*args)
 
 
-def candidate_cfg_pairs(impl: Any, invocation: Any) -> list[tuple[Any, Any]]:
-    """The ``(fwd, bwd)`` launch configurations ``impl`` offers the autotuner but the first, heuristic one (the
-    other tests use that); skips the test when there is none."""
-    fwd, bwd = impl.candidate_cfgs(invocation, "fwd"), impl.candidate_cfgs(invocation, "bwd")
-    pairs = list(zip(fwd, bwd))[1:]
-    if not pairs:
-        pytest.skip(f"{impl.name} offers no launch configuration besides its heuristic one")
-    return pairs
-
-
 def call_forced(fn: Any, impl: Any, *args: Any, **kwargs: Any) -> Any:
     """The public function ``fn`` with exactly the implementation under test forced (``platform=`` its name, so
     that another implementation of the same platform, e.g. ``cudnn`` beside ``xla``, is not used)."""
@@ -176,13 +193,73 @@ def jitted(fn: Any, **kwargs: Any) -> Any:
     return lambda *a: compiled(arrays, *a)
 
 
+def invocation(impl: Any, kernel: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """The ``Invocation`` of ``kernel``'s call ``(*args, **kwargs)`` forced onto ``impl``, built as the executor builds
+    it: arguments bound by canonical name and normalized, on the backend the call runs on."""
+    from ejkernel.ops import Invocation
+
+    backend = current_backend() if impl.backend == "any" else impl.backend
+    return Invocation.create(kernel.op_id, kernel.normalize(kernel.bind(args, kwargs)), backend)
+
+
+def _spread(items: list[Any], n: int) -> list[Any]:
+    """``n`` of ``items`` evenly spread from the first to the last (all of them when there are no more)."""
+    if len(items) <= n:
+        return items
+    return [items[i] for i in np.linspace(0, len(items) - 1, n).round().astype(int)]
+
+
+def check_candidate_configs(
+    impl: Any,
+    kernel: Any,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    check: Callable[[Any, Any], None],
+    *,
+    tier: str,
+    expected: Callable[[], Any] | None = None,
+    differentiable: bool = True,
+) -> None:
+    """Every launch configuration that ``impl`` offers the autotuner for ``kernel``'s call ``(*args, **kwargs)``,
+    but the heuristic one (which every other test runs), passes ``check(cfg, want)``: ``cfg`` is the op's config
+    naming ``impl`` with a forward candidate as ``fwd_params`` and, for a differentiable op, a backward candidate
+    as ``bwd_params`` (either ``None``, i.e. the heuristic's, when one stage has more candidates than the other),
+    in the implementation's own params classes; ``want`` is ``expected()`` (the reference's result, computed once
+    and only when there is a candidate to check). ``check`` runs the call with ``cfg`` and compares it with
+    ``want``: the forward, and the gradients when the op is differentiable. A failure names the candidates.
+
+    The candidates come from the implementation itself, for the invocation the executor builds; the forward and
+    backward ones are checked in pairs (one compilation each). The CPU tier checks ``CPU_TIER_CANDIDATES`` per
+    stage at most, spread over the list; the GPU tier all. Skips when the implementation offers nothing else.
+    A suite picks a call small enough for CI yet long enough that the candidates' tiles differ.
+    """
+    inv = invocation(impl, kernel, args, kwargs)
+    chosen: dict[str, list[Any]] = {}
+    for stage in ("fwd", "bwd") if differentiable else ("fwd",):
+        heuristic = kernel.heuristic_cfg(inv, impl, stage)
+        offered = [p for p in dict.fromkeys(impl.candidate_cfgs(inv, stage)) if p is not None and p != heuristic]
+        chosen[stage] = offered if tier == "gpu" else _spread(offered, CPU_TIER_CANDIDATES)
+    pairs = list(itertools.zip_longest(chosen["fwd"], chosen.get("bwd", [])))
+    if not pairs:
+        pytest.skip(f"{impl.name} offers no launch configuration besides its heuristic one for {inv.describe()}")
+    want = None if expected is None else expected()
+    backend = "auto" if impl.backend == "any" else impl.backend
+    for fwd_params, bwd_params in pairs:
+        cfg = kernel.config_type(platform=impl.name, backend=backend, fwd_params=fwd_params, bwd_params=bwd_params)
+        try:
+            check(cfg, want)
+        except Exception as e:  # a wrong result or a launch that fails: say which candidate
+            what = f"fwd_params={fwd_params}" + (f", bwd_params={bwd_params}" if differentiable else "")
+            e.add_note(f"{impl.name}, candidate {what} (None: its heuristic's) for {inv.describe()}")
+            raise
+
+
 def skip_if_unsupported(impl: Any, kernel: Any, fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """An implementation may decline a call (``supports``); then forcing it must fail with that reason, and the
     test is skipped. ``kernel`` is the op's ``Kernel`` instance, ``fn`` its public function."""
-    from ejkernel.ops import ConfigError, Invocation
+    from ejkernel.ops import ConfigError
 
-    arguments = kernel.normalize(kernel.bind(args, kwargs))
-    reason = impl.supports(Invocation.create(kernel.op_id, arguments, impl.backend))
+    reason = impl.supports(invocation(impl, kernel, args, kwargs))
     if reason is not None:
         with pytest.raises(ConfigError, match="cannot serve"):
             call_forced(fn, impl, *args, **kwargs)

@@ -28,6 +28,8 @@ from ejkernel.testing.conformance._harness import (
     GRAD_RTOL,
     assert_close,
     assert_jit_and_vmap_agree_with_eager,
+    call_forced,
+    check_candidate_configs,
     check_grads_numerically,
 )
 
@@ -52,6 +54,16 @@ class Case:
     @property
     def n(self) -> int:
         return self.b if self.cu_seqlens is None else len(self.cu_seqlens) - 1
+
+
+# The GPU tier's realistic shapes: head dims 128, lengths of many chunks of any size and a multiple of none;
+# packed sequences of a few hundred to a thousand tokens, one empty, with tokens after the last.
+GPU_CASES = [
+    Case("gpu_long", b=2, t=1031, h=4, dk=128, dv=128),
+    Case("gpu_varlen", b=1, t=2053, h=4, dk=128, dv=128, cu_seqlens=(0, 1, 700, 700, 1709, 2040)),
+]
+# Every candidate chunk: a length of several chunks of each (16, 32, 64), a multiple of none.
+CANDIDATE_CASE = Case("candidates", b=1, t=80, h=2, dk=16, dv=12)
 
 
 def normal(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:
@@ -174,3 +186,25 @@ def assert_split_equals_carrying_the_state(
     o2, s2 = fn(**rest)
     assert_close(jnp.concatenate([o1, o2], axis=1), whole, 1e-5, "split output", seed)
     assert_close(s2, state, 1e-5, "split final state", seed)
+
+
+def check_every_candidate_config(
+    impl: Any,
+    kernel: Any,
+    fn: Callable[..., Any],
+    reference_fn: Callable[..., Any],
+    case: Case,
+    arrays: dict[str, Any],
+    options: dict[str, Any],
+    seed: int,
+    tier: str,
+) -> None:
+    """``check_candidate_configs`` for a linear-attention op: output, final state and every gradient of ``fn`` forced
+    onto ``impl`` with each candidate against ``reference_fn``'s."""
+
+    def check(cfg: Any, want: Any) -> None:
+        got = outputs_and_grads(lambda **kw: call_forced(fn, impl, cfg=cfg, **kw), arrays, options, seed)
+        check_against_reference(got, want, case, "float32", seed)
+
+    expected = lambda: outputs_and_grads(reference_fn, arrays, options, seed)  # noqa: E731
+    check_candidate_configs(impl, kernel, (), {**arrays, **options}, check, tier=tier, expected=expected)

@@ -33,6 +33,7 @@ from ejkernel.testing.conformance._harness import (
     assert_jit_and_vmap_agree_with_eager,
     assert_refused,
     call_forced,
+    check_candidate_configs,
     check_grads_numerically,
     dtype_cases,
     fresh_key,
@@ -65,6 +66,15 @@ CASES = [
 ]
 # Every case in float32; the half-precision dtypes on the cases that exercise a different path each.
 DTYPE_CASES = dtype_cases(CASES, {"gqa_causal": ("bfloat16", "float16"), "bias_full": ("bfloat16", "float16")})
+# The GPU tier's realistic shapes: head dim 128, GQA, lengths a multiple of no block size.
+GPU_CASES = [
+    Case("gpu_gqa_causal", t=1031, s=1031, h=8, k=2, d=128, options=(("causal", True),)),
+    Case("gpu_window_soft_cap_t_lt_s", t=1031, s=2053, h=8, k=2, d=128,
+         options=(("sliding_window", (256, 64)), ("logits_soft_cap", 30.0))),
+    Case("gpu_mask_mqa", t=1031, s=1031, h=8, k=1, d=128, arrays=("attention_mask",)),
+    Case("gpu_dropout", t=1031, s=1031, h=8, k=2, d=128, options=(("dropout_prob", 0.1), ("dropout_seed", 7))),
+]  # fmt: skip
+GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
 
 def call(impl: Any, *args: Any, **kwargs: Any) -> Any:
@@ -93,6 +103,16 @@ def _results_and_grads(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], c
 
 @pytest.mark.parametrize(("case", "dtype"), DTYPE_CASES)
 def test_forward_weights_and_gradients_match_reference(impl, case, dtype):
+    check_case(impl, case, dtype)
+
+
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES)
+def test_gpu_tier_forward_weights_and_gradients_match_reference(impl, case, dtype, gpu_tier):
+    check_case(impl, case, dtype)
+
+
+def check_case(impl: Any, case: Case, dtype: str) -> None:
+    """The output, the weights and every gradient against the reference's."""
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, dtype, key)
     skip_if_unsupported(impl, args, {**kwargs, "return_weights": True})
@@ -108,6 +128,32 @@ def test_forward_weights_and_gradients_match_reference(impl, case, dtype):
     assert_close(out, want, FWD_RTOL[dtype], f"{case.name} forward", seed)
     assert_close(weights, want_weights, WEIGHTS_RTOL[dtype], f"{case.name} weights", seed)
     assert_grads_close(("dq", "dk", "dv", "dbias"), grads, want_grads, GRAD_RTOL[dtype], case.name, seed)
+
+
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner: lengths of several tiles of each."""
+    case = Case("candidates", t=80, s=97, arrays=("bias_heads",), options=(("causal", True),))
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, "float32", key)
+    skip_if_unsupported(impl, args, {**kwargs, "return_weights": True})
+    kc, kw = jax.random.split(jax.random.fold_in(key, 1))
+    cots = (
+        jax.random.normal(kc, (case.b, case.t, case.h, case.d)),
+        jax.random.normal(kw, (case.b, case.h, case.t, case.s)),
+    )
+
+    def check(cfg, want):
+        fn = lambda *a, **kw: call(impl, *a, cfg=cfg, **kw)  # noqa: E731
+        (out, weights), grads = _results_and_grads(fn, args, kwargs, cots)
+        (want_out, want_weights), want_grads = want
+        assert_close(out, want_out, FWD_RTOL["float32"], "forward", seed)
+        assert_close(weights, want_weights, WEIGHTS_RTOL["float32"], "weights", seed)
+        assert_grads_close(("dq", "dk", "dv", "dbias"), grads, want_grads, GRAD_RTOL["float32"], "gradients", seed)
+
+    expected = lambda: _results_and_grads(reference.attention, args, kwargs, cots)  # noqa: E731
+    check_candidate_configs(
+        impl, _kernel, args, {**kwargs, "return_weights": True}, check, tier=tier, expected=expected
+    )
 
 
 def test_weights_are_the_matrix_that_multiplies_the_values(impl):

@@ -18,8 +18,6 @@ import pytest
 from ejkernel.kernels.signatures.block_sparse_attention import block_sparse_mask
 from ejkernel.modules import block_sparse_attention
 from ejkernel.modules.operations.block_sparse_attention import _kernel
-from ejkernel.modules.operations.configs import BlockSparseAttentionConfig
-from ejkernel.ops import Invocation
 from ejkernel.testing import reference
 from ejkernel.testing.conformance._attention import (
     QKV_BAD_INPUTS,
@@ -36,7 +34,7 @@ from ejkernel.testing.conformance._harness import (
     assert_grads_close,
     assert_refused,
     call_forced,
-    candidate_cfg_pairs,
+    check_candidate_configs,
     check_grads_numerically,
     dtype_cases,
     forward_and_vjp,
@@ -90,6 +88,15 @@ DTYPE_CASES = dtype_cases(
     CASES, {"mask_per_head_gqa_unequal_blocks": ("bfloat16",), "local_global_causal": ("float16",)}
 )
 assert {p.values[1] for p in DTYPE_CASES} == set(DTYPES)
+# The GPU tier's realistic shapes: head dim 128, GQA, lengths of many mask blocks, a multiple of none.
+GPU_CASES = [
+    Case("gpu_mask_heads_causal", t=1031, s=1031, h=8, k=2, d=128, q_block=64, kv_block=64, mask="heads",
+         options=(("causal", True),)),
+    Case("gpu_local_global_segments", t=1031, s=1031, h=8, k=2, d=128, q_block=64, kv_block=64, segments=True,
+         options=(("local_blocks", (4, 0)), ("global_blocks", 1), ("causal", True))),
+    Case("gpu_mask_both_t_lt_s_mqa", t=1031, s=2053, h=8, k=1, d=128, q_block=128, kv_block=64, mask="both"),
+]  # fmt: skip
+GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
 
 def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -119,6 +126,16 @@ def skip_if_unsupported(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 
 @pytest.mark.parametrize(("case", "dtype"), DTYPE_CASES)
 def test_forward_and_gradients_match_reference(impl, case, dtype):
+    check_case(impl, case, dtype)
+
+
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES)
+def test_gpu_tier_forward_and_gradients_match_reference(impl, case, dtype, gpu_tier):
+    check_case(impl, case, dtype)
+
+
+def check_case(impl: Any, case: Case, dtype: str) -> None:
+    """The output and every gradient against the reference's."""
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, dtype, key)
     skip_if_unsupported(impl, args, kwargs)
@@ -130,22 +147,22 @@ def test_forward_and_gradients_match_reference(impl, case, dtype):
     assert_grads_close(("dq", "dk", "dv"), grads, want_grads, GRAD_RTOL[dtype], case.name, seed)
 
 
-def test_every_candidate_config_matches_reference(impl):
-    """Each launch configuration the implementation offers the autotuner (but the heuristic one, which the other
-    tests use) computes the same thing."""
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner (tiles of several mask blocks, partial
+    ones included) computes the same thing."""
     case = Case("candidates_mqa", t=61, s=75, k=1, mask="both", options=(("causal", True),))
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, "float32", key)
     skip_if_unsupported(impl, args, kwargs)
-    inv = Invocation.create(OP, _kernel.normalize(_kernel.bind(args, kwargs)), impl.backend)
-    pairs = candidate_cfg_pairs(impl, inv)
     cot = jax.random.normal(jax.random.fold_in(key, 1), (case.b, case.t, case.h, case.d))
-    want, want_grads = forward_and_vjp(reference.block_sparse_attention, args, kwargs, cot)
-    for fp, bp in pairs:
-        cfg = BlockSparseAttentionConfig(platform=impl.platform, backend=impl.backend, fwd_params=fp, bwd_params=bp)
-        out, grads = forward_and_vjp(lambda *a, cfg=cfg, **kw: call(impl, *a, cfg=cfg, **kw), args, kwargs, cot)
-        assert_close(out, want, FWD_RTOL["float32"], f"forward with {fp}", seed)
-        assert_grads_close(("dq", "dk", "dv"), grads, want_grads, GRAD_RTOL["float32"], f"with {bp}", seed)
+
+    def check(cfg, want):
+        out, grads = forward_and_vjp(lambda *a, **kw: call(impl, *a, cfg=cfg, **kw), args, kwargs, cot)
+        assert_close(out, want[0], FWD_RTOL["float32"], "forward", seed)
+        assert_grads_close(("dq", "dk", "dv"), grads, want[1], GRAD_RTOL["float32"], "gradients", seed)
+
+    expected = lambda: forward_and_vjp(reference.block_sparse_attention, args, kwargs, cot)  # noqa: E731
+    check_candidate_configs(impl, _kernel, args, kwargs, check, tier=tier, expected=expected)
 
 
 def test_check_grads_numerically(impl):

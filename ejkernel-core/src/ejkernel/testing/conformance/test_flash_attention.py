@@ -34,7 +34,9 @@ from ejkernel.testing.conformance._harness import (
     assert_jit_and_vmap_agree_with_eager,
     assert_refused,
     call_forced,
+    check_candidate_configs,
     check_grads_numerically,
+    forward_and_vjp,
     fresh_key,
     jitted,
     parametrize_implementations,
@@ -70,6 +72,25 @@ CASES = [
     Case("length_one_both", t=1, s=1),
     Case("batch_one_head_dim_64", b=1, t=20, s=20, h=2, k=2, d=64, options=(("causal", True),)),
 ]
+# The GPU tier's realistic shapes: head dim 128, GQA, lengths of many blocks of any tile and a multiple of none.
+GPU_CASES = [
+    Case("gpu_gqa_causal", t=1031, s=1031, h=8, k=2, d=128, options=(("causal", True),)),
+    Case("gpu_gqa_t_lt_s", t=1031, s=2053, h=8, k=2, d=128),
+    Case(
+        "gpu_window_soft_cap",
+        t=1031,
+        s=1031,
+        h=8,
+        k=2,
+        d=128,
+        options=(("sliding_window", (256, 0)), ("causal", True), ("logits_soft_cap", 30.0)),
+    ),
+    Case("gpu_segments", t=1031, s=1031, h=8, k=2, d=128, arrays=("segment_ids",), options=(("causal", True),)),
+    Case("gpu_varlen", b=1, t=2053, s=2053, h=8, k=2, d=128, arrays=("cu_seqlens",), options=(("causal", True),)),
+    Case("gpu_bias_mqa", t=1031, s=1031, h=8, k=1, d=128, arrays=("bias_heads",)),
+    Case("gpu_decode", b=16, t=1, s=4099, h=32, k=8, d=128),
+]
+GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
 
 def call(impl: Any, *args: Any, **kwargs: Any) -> Any:
@@ -112,6 +133,36 @@ def test_gradients_match_reference(impl, case, dtype):
     got = grads(lambda *a, **kw: call(impl, *a, **kw))
     want = grads(reference.flash_attention)
     assert_grads_close(("dq", "dk", "dv", "dbias"), got, want, GRAD_RTOL[dtype], case.name, seed)
+
+
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES)
+def test_gpu_tier_forward_and_gradients_match_reference(impl, case, dtype, gpu_tier):
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, dtype, key)
+    skip_if_unsupported(impl, args, kwargs)
+    cot = jax.random.normal(jax.random.fold_in(key, 1), (case.b, case.t, case.h, case.dv or case.d))
+    out, grads = forward_and_vjp(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, cot)
+    want, want_grads = forward_and_vjp(reference.flash_attention, args, kwargs, cot)
+    assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != input dtype {dtype}"
+    assert_close(out, want, FWD_RTOL[dtype], f"{case.name} forward", seed)
+    assert_grads_close(("dq", "dk", "dv", "dbias"), grads, want_grads, GRAD_RTOL[dtype], case.name, seed)
+
+
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner: lengths of several tiles of each."""
+    case = Case("candidates", t=80, s=97, options=(("causal", True), ("sliding_window", (40, 0))))
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, "float32", key)
+    skip_if_unsupported(impl, args, kwargs)
+    cot = jax.random.normal(jax.random.fold_in(key, 1), (case.b, case.t, case.h, case.d))
+
+    def check(cfg, want):
+        out, grads = forward_and_vjp(lambda *a, **kw: call(impl, *a, cfg=cfg, **kw), args, kwargs, cot)
+        assert_close(out, want[0], FWD_RTOL["float32"], "forward", seed)
+        assert_grads_close(("dq", "dk", "dv"), grads, want[1], GRAD_RTOL["float32"], "gradients", seed)
+
+    expected = lambda: forward_and_vjp(reference.flash_attention, args, kwargs, cot)  # noqa: E731
+    check_candidate_configs(impl, _kernel, args, kwargs, check, tier=tier, expected=expected)
 
 
 @pytest.mark.parametrize(

@@ -29,6 +29,7 @@ from ejkernel.testing.conformance._harness import (
     GRAD_RTOL,
     assert_close,
     call_forced,
+    check_candidate_configs,
     fresh_key,
     implementations_under_test,
     jitted,
@@ -74,6 +75,23 @@ ALL_DTYPES = ("state_in_and_out", "varlen_empty_and_length_one_l2norm", "decode_
 CASE_DTYPES = [
     pytest.param(c, d, id=f"{c.name}-{d}") for c in CASES for d in DTYPES if d == "float32" or c.name in ALL_DTYPES
 ]
+# The GPU tier's realistic shapes: head dims 128, lengths of many chunks, a multiple of none; packed sequences of
+# a few hundred to a thousand tokens, one empty, with tokens after the last.
+GPU_CASES = [
+    Case("gpu_long_state", t=1031, h=4, k=128, v=128, initial_state=True, options=(("output_final_state", True),)),
+    Case(
+        "gpu_varlen_l2norm",
+        b=1,
+        t=2053,
+        h=4,
+        k=128,
+        v=128,
+        cu_seqlens=(0, 1, 700, 700, 1709, 2040),
+        initial_state=True,
+        options=(("output_final_state", True), ("use_qk_l2norm", True)),
+    ),
+]
+GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
 
 def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -124,22 +142,21 @@ def _fwd_bwd(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cots: tuple
     return jitted(run, **static)(*args, state)
 
 
-@pytest.mark.parametrize(("case", "dtype"), CASE_DTYPES)
-def test_forward_and_gradients_match_reference(impl, case, dtype):
-    key, seed = fresh_key()
-    args, kwargs = make_inputs(case, dtype, key)
-    skip_if_unsupported(impl, args, kwargs)
+def _cotangents(case: Case, key: jax.Array) -> tuple[jax.Array, jax.Array]:
     n = case.b if case.cu_seqlens is None else len(case.cu_seqlens) - 1
     kc = jax.random.split(jax.random.fold_in(key, 1))
-    cots = (
+    return (
         jax.random.normal(kc[0], (case.b, case.t, case.h, case.v)),
         jax.random.normal(kc[1], (n, case.h, case.k, case.v)),
     )
-    o, final, grads = _fwd_bwd(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, cots)
-    want_o, want_final, want_grads = _fwd_bwd(reference.gated_delta_rule, args, kwargs, cots)
+
+
+def _assert_matches(got: Any, want: Any, case: Case, dtype: str, final_state: bool, seed: int) -> None:
+    o, final, grads = got
+    want_o, want_final, want_grads = want
     assert o.dtype == jnp.dtype(dtype), f"output dtype {o.dtype} != input dtype {dtype}"
     assert_close(o, want_o, FWD_RTOL[dtype], f"{case.name} output", seed)
-    if kwargs.get("output_final_state"):
+    if final_state:
         assert final.dtype == jnp.float32, f"final state dtype {final.dtype} != float32"
         assert_close(final, want_final, FWD_RTOL[dtype], f"{case.name} final state", seed)
     else:
@@ -147,6 +164,43 @@ def test_forward_and_gradients_match_reference(impl, case, dtype):
     for name, g, w in zip(("dq", "dk", "dv", "dg", "dbeta", "dinitial_state"), grads, want_grads):
         assert g.dtype == w.dtype, f"{name} dtype {g.dtype} != {w.dtype}"
         assert_close(g, w, GRAD_RTOL[dtype], f"{case.name} {name}", seed)
+
+
+@pytest.mark.parametrize(("case", "dtype"), CASE_DTYPES)
+def test_forward_and_gradients_match_reference(impl, case, dtype):
+    check_case(impl, case, dtype)
+
+
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES)
+def test_gpu_tier_forward_and_gradients_match_reference(impl, case, dtype, gpu_tier):
+    check_case(impl, case, dtype)
+
+
+def check_case(impl: Any, case: Case, dtype: str) -> None:
+    """The output, the final state and every gradient against the reference's."""
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, dtype, key)
+    skip_if_unsupported(impl, args, kwargs)
+    cots = _cotangents(case, key)
+    got = _fwd_bwd(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, cots)
+    want = _fwd_bwd(reference.gated_delta_rule, args, kwargs, cots)
+    _assert_matches(got, want, case, dtype, bool(kwargs.get("output_final_state")), seed)
+
+
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner: a length of several chunks of each."""
+    case = Case("candidates", b=1, t=80, initial_state=True, options=(("output_final_state", True),))
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, "float32", key)
+    skip_if_unsupported(impl, args, kwargs)
+    cots = _cotangents(case, key)
+
+    def check(cfg, want):
+        got = _fwd_bwd(lambda *a, **kw: call(impl, *a, cfg=cfg, **kw), args, kwargs, cots)
+        _assert_matches(got, want, case, "float32", True, seed)
+
+    expected = lambda: _fwd_bwd(reference.gated_delta_rule, args, kwargs, cots)  # noqa: E731
+    check_candidate_configs(impl, _kernel, args, kwargs, check, tier=tier, expected=expected)
 
 
 def test_check_grads_numerically(impl):

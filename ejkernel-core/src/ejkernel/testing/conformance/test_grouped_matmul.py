@@ -23,6 +23,7 @@ from ejkernel.testing.conformance._harness import (
     GRAD_RTOL,
     assert_close,
     call_forced,
+    check_candidate_configs,
     fresh_key,
     implementations_under_test,
     jitted,
@@ -58,6 +59,12 @@ CASES = [
     Case("one_row_one_group", m=1, g=1, empty_groups=0),
     Case("preferred_float32", options=(("preferred_element_type", jnp.float32),)),
 ]
+# The GPU tier's realistic shapes: an MoE layer's 4096 tokens over 8 experts, groups of random sizes, some empty.
+GPU_CASES = [
+    Case("gpu_imbalanced_two_empty", m=4096, k=1024, n=1024, g=8, empty_groups=2),
+    Case("gpu_transpose_rhs_part_covered", m=4096, k=1024, n=1024, g=8, covered=0.8, options=(("transpose_rhs", True),)),
+]  # fmt: skip
+GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
 
 def random_group_sizes(key: jax.Array, m: int, g: int, covered: float, empty_groups: int) -> jax.Array:
@@ -102,11 +109,21 @@ def _fwd_bwd(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cot: jax.Ar
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_forward_and_gradients_match_reference(impl, case, dtype):
+    check_case(impl, case, dtype)
+
+
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES)
+def test_gpu_tier_forward_and_gradients_match_reference(impl, case, dtype, gpu_tier):
+    check_case(impl, case, dtype)
+
+
+def check_case(impl: Any, case: Case, dtype: str, cfg: Any = None) -> None:
+    """The output and both gradients against the reference's (with ``cfg``: that launch configuration)."""
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, dtype, key)
     skip_if_unsupported(impl, args, kwargs)
     cot = jax.random.normal(jax.random.fold_in(key, 1), (case.m, case.n))
-    got = _fwd_bwd(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, cot)
+    got = _fwd_bwd(lambda *a, **kw: call(impl, *a, cfg=cfg, **kw), args, kwargs, cot)
     want = _fwd_bwd(reference.grouped_matmul, args, kwargs, cot)
     out_dtype = jnp.dtype(kwargs.get("preferred_element_type") or dtype)
     assert got[0].dtype == out_dtype, f"output dtype {got[0].dtype} != {out_dtype}"
@@ -116,6 +133,19 @@ def test_forward_and_gradients_match_reference(impl, case, dtype):
     for name, g, w, x in zip(("dlhs", "drhs"), got[1:], want[1:], args[:2]):
         assert g.dtype == x.dtype, f"{name} dtype {g.dtype} != {x.dtype}"
         assert_close(g, w, GRAD_RTOL[dtype], f"{case.name} {name} (group sizes {args[2].tolist()})", seed)
+
+
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner: rows and columns of several tiles of each
+    (a TPU kernel's are multiples of 128)."""
+    case = Case("candidates", m=300, n=256)
+    key, _ = fresh_key()
+    args, kwargs = make_inputs(case, "float32", key)
+    skip_if_unsupported(impl, args, kwargs)
+    # Fresh inputs per candidate (the reference is cheap): group sizes vary too.
+    check_candidate_configs(
+        impl, _kernel, args, kwargs, lambda cfg, _: check_case(impl, case, "float32", cfg), tier=tier
+    )
 
 
 @pytest.mark.parametrize("case", CASES[:3], ids=lambda c: c.name)

@@ -24,11 +24,14 @@ from ejkernel.testing.conformance._harness import (
 )
 from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
 from ejkernel.testing.conformance._linear_attention import (
+    CANDIDATE_CASE,
+    GPU_CASES,
     Case,
     assert_jit_and_vmap_agree,
     assert_split_equals_carrying_the_state,
     base_inputs,
     check_against_reference,
+    check_every_candidate_config,
     check_grads_in,
     outputs_and_grads,
 )
@@ -61,6 +64,8 @@ CASES = [
 ]
 # Every case in float32; this one also in half precision (compiling is what costs time on CI).
 ALL = dtype_cases(CASES, {"plain": ("bfloat16", "float16")})
+# The GPU tier's realistic shapes (``_linear_attention.GPU_CASES``).
+GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
 
 def make_inputs(case: Case, dtype: str, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -80,12 +85,33 @@ def skip_if_unsupported(impl: Any, arrays: dict[str, Any], options: dict[str, An
 
 @pytest.mark.parametrize(("case", "dtype"), ALL)
 def test_outputs_final_state_and_gradients_match_reference(impl, case, dtype):
+    check_case(impl, case, dtype)
+
+
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES)
+def test_gpu_tier_outputs_final_state_and_gradients_match_reference(impl, case, dtype, gpu_tier):
+    check_case(impl, case, dtype)
+
+
+def check_case(impl: Any, case: Case, dtype: str) -> None:
+    """The output, the final state and every gradient against the reference's."""
     _, seed = fresh_key()
     arrays, options = make_inputs(case, dtype, seed)
     skip_if_unsupported(impl, arrays, options)
     got = outputs_and_grads(lambda **kw: call(impl, **kw), arrays, options, seed)
     want = outputs_and_grads(reference.lightning_attn, arrays, options, seed)
     check_against_reference(got, want, case, dtype, seed)
+
+
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner: a length of several chunks of each."""
+    case = CANDIDATE_CASE
+    _, seed = fresh_key()
+    arrays, options = make_inputs(case, "float32", seed)
+    skip_if_unsupported(impl, arrays, options)
+    check_every_candidate_config(
+        impl, _kernel, lightning_attn, reference.lightning_attn, case, arrays, options, seed, tier
+    )
 
 
 def test_check_grads_numerically(impl):

@@ -23,6 +23,7 @@ from ejkernel.testing.conformance._harness import (
     GRAD_RTOL,
     assert_close,
     call_forced,
+    check_candidate_configs,
     fresh_key,
     implementations_under_test,
     jitted,
@@ -53,6 +54,12 @@ CASES = [
     Case("varlen_empty_and_length_one", b=1, cu_seqlens=(0, 9, 9, 10, 29)),
     Case("varlen_offset_start", b=1, t=20, cu_seqlens=(3, 20)),  # tokens 0..2 count for nothing
 ]
+# The GPU tier's realistic shapes: long sequences of wide features; packed ones of thousands of tokens, one empty.
+GPU_CASES = [
+    Case("gpu_batch", b=8, t=4099, d=1024),
+    Case("gpu_varlen", b=1, t=8192, d=1024, cu_seqlens=(0, 1, 3000, 3000, 8000)),
+]
+GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
 
 def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -72,6 +79,27 @@ def skip_if_unsupported(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_forward_and_gradient_match_reference(impl, case, dtype):
+    check_case(impl, case, dtype)
+
+
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES)
+def test_gpu_tier_forward_and_gradient_match_reference(impl, case, dtype, gpu_tier):
+    check_case(impl, case, dtype)
+
+
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner computes the same thing."""
+    case = Case("candidates", b=2, t=80)
+    key, _ = fresh_key()
+    args, kwargs = make_inputs(case, "float32", key)
+    skip_if_unsupported(impl, args, kwargs)
+    check_candidate_configs(
+        impl, _kernel, args, kwargs, lambda cfg, _: check_case(impl, case, "float32", cfg), tier=tier
+    )
+
+
+def check_case(impl: Any, case: Case, dtype: str, cfg: Any = None) -> None:
+    """The output and the gradient against the reference's (with ``cfg``: that launch configuration)."""
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, dtype, key)
     skip_if_unsupported(impl, args, kwargs)
@@ -85,7 +113,7 @@ def test_forward_and_gradient_match_reference(impl, case, dtype):
 
         return jitted(run, **kwargs)(*args)
 
-    out, dx = fwd_bwd(lambda *a, **kw: call(impl, *a, **kw))
+    out, dx = fwd_bwd(lambda *a, **kw: call(impl, *a, cfg=cfg, **kw))
     want, want_dx = fwd_bwd(reference.mean_pooling)
     assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != input dtype {dtype}"
     assert dx.dtype == jnp.dtype(dtype), f"dx dtype {dx.dtype} != input dtype {dtype}"

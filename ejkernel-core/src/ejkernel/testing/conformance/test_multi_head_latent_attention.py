@@ -25,6 +25,7 @@ from ejkernel.testing.conformance._harness import (
     GRAD_RTOL,
     assert_close,
     call_forced,
+    check_candidate_configs,
     fresh_key,
     implementations_under_test,
     jitted,
@@ -114,31 +115,76 @@ CASE_DTYPES = [
     for d in DTYPES
     if d == "float32" or c.name in HALF_PRECISION_CASES
 ]
+# The GPU tier's realistic shapes: DeepSeek's dims, lengths of many blocks, a multiple of none; paged decoding of 64
+# sequences of 1000 to 2100 tokens and a chunked prefill over a shared prefix, on pages of 64.
+GPU_CASES = [
+    Case("gpu_dense_causal", t=1031, s=1031, h=16, dl=512, dr=64, causal=True),
+    Case("gpu_paged_decode", b=64, t=1, h=16, dl=512, dr=64, lens=tuple(1000 + (i * 397) % 1100 for i in range(64)),
+         page=64),
+    Case("gpu_paged_prefill_shared_prefix", b=4, t=257, h=16, dl=512, dr=64, lens=(2053, 1700, 1031, 300),
+         causal=True, page=64, shared=8),
+]  # fmt: skip
+GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
+
+
+def _value_and_grads(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cot: jax.Array) -> Any:
+    """``((dq, dkv), out)`` of ``fn``: the output and the gradients in query and kv of ``sum(out * cot)``, in one
+    compiled call."""
+
+    def loss(q, kv, **kw):
+        out = fn(q, kv, **kw)
+        return jnp.sum(out.astype(jnp.float32) * cot), out
+
+    return jitted(lambda q, kv, **kw: jax.grad(loss, argnums=(0, 1), has_aux=True)(q, kv, **kw), **kwargs)(*args)
+
+
+def _assert_matches(got: Any, want: Any, dtype: str, what: str, seed: int) -> None:
+    (dq, dkv), out = got
+    (want_dq, want_dkv), want_out = want
+    assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != input dtype {dtype}"
+    assert_close(out, want_out, FWD_RTOL[dtype], f"{what} forward", seed)
+    for name, g, w in (("dq", dq, want_dq), ("dkv", dkv, want_dkv)):
+        assert g.dtype == w.dtype, f"{name} dtype {g.dtype} != {w.dtype}"
+        assert_close(g, w, GRAD_RTOL[dtype], f"{what} {name}", seed)
 
 
 @pytest.mark.parametrize(("case", "dtype"), CASE_DTYPES)
 def test_forward_and_gradients_match_reference(impl, case, dtype):
     """Output and the gradients in query and kv (key and value role of the latent; a paged cache at the slots
     read), in one compiled call per side."""
+    check_case(impl, case, dtype)
+
+
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES)
+def test_gpu_tier_forward_and_gradients_match_reference(impl, case, dtype, gpu_tier):
+    check_case(impl, case, dtype)
+
+
+def check_case(impl: Any, case: Case, dtype: str) -> None:
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, dtype, key)
     skip_if_unsupported(impl, args, kwargs)
     cot = jax.random.normal(jax.random.fold_in(key, 1), (case.b, case.t, case.h, case.dl), jnp.float32)
+    got = _value_and_grads(lambda *a, **kw: call(impl, *a, **kw), args, kwargs, cot)
+    want = _value_and_grads(reference.multi_head_latent_attention, args, kwargs, cot)
+    _assert_matches(got, want, dtype, case.name, seed)
 
-    def value_and_grads(fn):
-        def loss(q, kv, **kw):
-            out = fn(q, kv, **kw)
-            return jnp.sum(out.astype(jnp.float32) * cot), out
 
-        return jitted(lambda q, kv, **kw: jax.grad(loss, argnums=(0, 1), has_aux=True)(q, kv, **kw), **kwargs)(*args)
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner: lengths of several tiles of each (paged,
+    the path with more to get wrong; a few queries, which decode kernels take too)."""
+    case = Case("paged_causal_shared_prefix", t=9, lens=(277, 45), causal=True, page=8, shared=2)
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, "float32", key)
+    skip_if_unsupported(impl, args, kwargs)
+    cot = jax.random.normal(jax.random.fold_in(key, 1), (case.b, case.t, case.h, case.dl), jnp.float32)
 
-    (dq, dkv), out = value_and_grads(lambda *a, **kw: call(impl, *a, **kw))
-    (want_dq, want_dkv), want = value_and_grads(reference.multi_head_latent_attention)
-    assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != input dtype {dtype}"
-    assert_close(out, want, FWD_RTOL[dtype], f"{case.name} forward", seed)
-    for name, g, w in (("dq", dq, want_dq), ("dkv", dkv, want_dkv)):
-        assert g.dtype == w.dtype, f"{name} dtype {g.dtype} != {w.dtype}"
-        assert_close(g, w, GRAD_RTOL[dtype], f"{case.name} {name}", seed)
+    def check(cfg, want):
+        got = _value_and_grads(lambda *a, **kw: call(impl, *a, cfg=cfg, **kw), args, kwargs, cot)
+        _assert_matches(got, want, "float32", case.name, seed)
+
+    expected = lambda: _value_and_grads(reference.multi_head_latent_attention, args, kwargs, cot)  # noqa: E731
+    check_candidate_configs(impl, _kernel, args, kwargs, check, tier=tier, expected=expected)
 
 
 def test_paged_matches_dense_on_the_same_keys(impl):

@@ -16,9 +16,7 @@ import numpy as np
 import pytest
 
 from ejkernel.modules import native_sparse_attention
-from ejkernel.modules.operations.configs import NativeSparseAttentionConfig
 from ejkernel.modules.operations.native_sparse_attention import _kernel
-from ejkernel.ops import Invocation
 from ejkernel.testing import reference
 from ejkernel.testing.conformance._attention import (
     QKV_BAD_INPUTS,
@@ -35,7 +33,7 @@ from ejkernel.testing.conformance._harness import (
     assert_grads_close,
     assert_refused,
     call_forced,
-    candidate_cfg_pairs,
+    check_candidate_configs,
     check_grads_numerically,
     dtype_cases,
     forward_and_vjp,
@@ -94,6 +92,13 @@ CASES = [
 # Each case runs in float32; these also run in a lower precision (compiling is what costs time on CI).
 DTYPE_CASES = dtype_cases(CASES, {"all_branches": ("bfloat16",), "compressed_mqa": ("float16",)})
 assert {p.values[1] for p in DTYPE_CASES} == set(DTYPES)
+# The GPU tier's realistic shapes: head dim 128, GQA, lengths of many blocks, a multiple of none.
+GPU_CASES = [
+    Case("gpu_all_branches", t=1031, s=1031, h=16, k=2, d=128, n=16, block_size=64, gates=GATES, counts="array",
+         options=(("window_size", 128),)),
+    Case("gpu_selected_t_lt_s", t=1031, s=2053, h=8, k=1, d=128, n=16, block_size=64),
+]  # fmt: skip
+GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
 
 def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -145,6 +150,16 @@ def _cot(case: Case, key: jax.Array, dtype: str) -> jax.Array:
 
 @pytest.mark.parametrize(("case", "dtype"), DTYPE_CASES)
 def test_forward_and_gradients_match_reference(impl, case, dtype):
+    check_case(impl, case, dtype)
+
+
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES)
+def test_gpu_tier_forward_and_gradients_match_reference(impl, case, dtype, gpu_tier):
+    check_case(impl, case, dtype)
+
+
+def check_case(impl: Any, case: Case, dtype: str) -> None:
+    """The output and every gradient against the reference's."""
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, dtype, key)
     skip_if_unsupported(impl, case.gates, args, kwargs)
@@ -157,25 +172,26 @@ def test_forward_and_gradients_match_reference(impl, case, dtype):
     assert_grads_close(names, grads, want_grads, GRAD_RTOL[dtype], case.name, seed)
 
 
-def test_every_candidate_config_matches_reference(impl):
-    """Each launch configuration the implementation offers the autotuner (but the heuristic one, which the other
-    tests use) computes the same thing."""
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner computes the same thing."""
     case = Case("candidates", t=45, s=61, n=4, gates=GATES, counts="array", options=(("window_size", 6),))
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, "float32", key)
     skip_if_unsupported(impl, case.gates, args, kwargs)
     q, k, v, *gates = args
-    arguments = {**kwargs, **dict(zip(GATES, gates, strict=True))}
-    inv = Invocation.create(OP, _kernel.normalize(_kernel.bind((q, k, v), arguments)), impl.backend)
+    arguments = {**{k_: v_ for k_, v_ in kwargs.items() if k_ != "block_indices"}, **dict(zip(GATES, gates))}
     cot = _cot(case, key, "float32")
-    want, want_grads = forward_and_vjp(_fn(reference.native_sparse_attention, case.gates), args, kwargs, cot)
-    for fp, bp in candidate_cfg_pairs(impl, inv):
-        cfg = NativeSparseAttentionConfig(platform=impl.platform, backend=impl.backend, fwd_params=fp, bwd_params=bp)
-        fn = _fn(lambda *a, cfg=cfg, **kw: call(impl, *a, cfg=cfg, **kw), case.gates)
+    names = ("dq", "dk", "dv", "dg_slc", "dg_cmp", "dg_swa")
+
+    def check(cfg, want):
+        fn = _fn(lambda *a, **kw: call(impl, *a, cfg=cfg, **kw), case.gates)
         got, grads = forward_and_vjp(fn, args, kwargs, cot)
-        assert_close(got, want, FWD_RTOL["float32"], f"forward with {fp}", seed)
-        names = ("dq", "dk", "dv", "dg_slc", "dg_cmp", "dg_swa")
-        assert_grads_close(names, grads, want_grads, GRAD_RTOL["float32"], f"with {bp}", seed)
+        assert_close(got, want[0], FWD_RTOL["float32"], "forward", seed)
+        assert_grads_close(names, grads, want[1], GRAD_RTOL["float32"], "gradients", seed)
+
+    expected = lambda: forward_and_vjp(_fn(reference.native_sparse_attention, case.gates), args, kwargs, cot)  # noqa: E731
+    call_args = (q, k, v, kwargs["block_indices"])
+    check_candidate_configs(impl, _kernel, call_args, arguments, check, tier=tier, expected=expected)
 
 
 def test_check_grads_numerically(impl):

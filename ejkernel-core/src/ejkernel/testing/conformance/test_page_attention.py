@@ -14,9 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ejkernel.kernels.params import FwdParams
 from ejkernel.modules import page_attention
-from ejkernel.modules.operations.configs import PageAttentionConfig
 from ejkernel.modules.operations.page_attention import _kernel
 from ejkernel.testing import reference
 from ejkernel.testing.conformance._harness import (
@@ -24,6 +22,7 @@ from ejkernel.testing.conformance._harness import (
     FWD_RTOL,
     assert_close,
     call_forced,
+    check_candidate_configs,
     fresh_key,
     implementations_under_test,
     jitted,
@@ -59,6 +58,15 @@ CASES = [
     Case("batch_one_mha_page_8", lens=(13,), page=8, h=2, k=2, d=64),
     Case("page_one_dv_differs", lens=(1, 5, 3), page=1, dv=16),
 ]
+# The GPU tier's realistic shapes: a decode step of 64 sequences of 1500 to 2100 tokens (one empty, one of a
+# single token) on pages of 16, GQA with 32 query and 8 kv heads of 128.
+GPU_LENS = (0, 1) + tuple(1500 + (i * 331) % 600 for i in range(62))
+GPU_CASES = [
+    Case("gpu_decode_gqa", lens=GPU_LENS, page=16, h=32, k=8, d=128),
+    Case("gpu_window_soft_cap", lens=GPU_LENS, page=16, h=32, k=8, d=128,
+         options=(("sliding_window", 1000), ("logits_soft_cap", 30.0))),
+]  # fmt: skip
+GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
 
 def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any], PagedCache]:
@@ -82,6 +90,16 @@ def skip_if_unsupported(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_forward_matches_reference(impl, case, dtype):
+    check_case(impl, case, dtype)
+
+
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES)
+def test_gpu_tier_forward_matches_reference(impl, case, dtype, gpu_tier):
+    check_case(impl, case, dtype)
+
+
+def check_case(impl: Any, case: Case, dtype: str) -> None:
+    """The output against the reference's; empty sequences give exact zeros."""
     key, seed = fresh_key()
     args, kwargs, _ = make_inputs(case, dtype, key)
     skip_if_unsupported(impl, args, kwargs)
@@ -93,18 +111,20 @@ def test_forward_matches_reference(impl, case, dtype):
     assert np.all(np.asarray(out, np.float32)[empty] == 0), f"empty sequences must give exact zeros (seed {seed})"
 
 
-@pytest.mark.parametrize(
-    "params", [FwdParams(q_blocksize=1, kv_blocksize=4), FwdParams(q_blocksize=2, kv_blocksize=12)], ids=str
-)
-def test_launch_parameters_do_not_change_the_result(impl, params):
-    """Small blocks and chunks (several chunks, a block of several pages, a block past the table's end)."""
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner: several chunks of sequences and key
+    blocks of several pages, the last past the table's end."""
     key, seed = fresh_key()
     case = Case("blocks", lens=(0, 9, 21, 3, 16), options=(("sliding_window", 10),))
     args, kwargs, _ = make_inputs(case, "float32", key)
     skip_if_unsupported(impl, args, kwargs)
-    cfg = PageAttentionConfig(fwd_params=params)
-    out = jitted(lambda *a, **kw: call(impl, *a, cfg=cfg, **kw), **kwargs)(*args)
-    assert_close(out, reference.page_attention(*args, **kwargs), FWD_RTOL["float32"], f"{params}", seed)
+
+    def check(cfg, want):
+        out = jitted(lambda *a, **kw: call(impl, *a, cfg=cfg, **kw), **kwargs)(*args)
+        assert_close(out, want, FWD_RTOL["float32"], "forward", seed)
+
+    expected = lambda: jitted(reference.page_attention, **kwargs)(*args)  # noqa: E731
+    check_candidate_configs(impl, _kernel, args, kwargs, check, tier=tier, expected=expected, differentiable=False)
 
 
 def test_unread_cache_entries_never_leak(impl):

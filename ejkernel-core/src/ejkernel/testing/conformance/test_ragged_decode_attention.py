@@ -14,9 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ejkernel.kernels.params import FwdParams
 from ejkernel.modules import ragged_decode_attention
-from ejkernel.modules.operations.configs import RaggedDecodeAttentionConfig
 from ejkernel.modules.operations.ragged_decode_attention import _kernel
 from ejkernel.testing import reference
 from ejkernel.testing.conformance._harness import (
@@ -24,6 +22,7 @@ from ejkernel.testing.conformance._harness import (
     FWD_RTOL,
     assert_close,
     call_forced,
+    check_candidate_configs,
     fresh_key,
     implementations_under_test,
     jitted,
@@ -58,6 +57,17 @@ CASES = [
     Case("batch_one_mha_length_one", ranges=((0, 1),), s=1, h=2, k=2, d=64),
     Case("dv_differs", ranges=((3, 29), (0, 0), (10, 37)), dv=16),
 ]
+# The GPU tier's realistic shapes: 64 rows over a cache of 2053 tokens (a multiple of no block), ranges of 1500 to
+# 2053 keys plus the edge cases (empty, one key, past either end), GQA with 32 query and 8 kv heads of 128.
+GPU_RANGES = ((0, 2053), (5, 6), (12, 12), (-4, 3000), (2000, 2100)) + tuple(
+    ((i * 13) % 200, 1700 + (i * 7) % 353) for i in range(59)
+)
+GPU_CASES = [
+    Case("gpu_gqa", ranges=GPU_RANGES, s=2053, h=32, k=8, d=128),
+    Case("gpu_window_soft_cap", ranges=GPU_RANGES, s=2053, h=32, k=8, d=128,
+         options=(("sliding_window", 1000), ("logits_soft_cap", 30.0))),
+]  # fmt: skip
+GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
 
 def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -86,6 +96,16 @@ def skip_if_unsupported(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_forward_matches_reference(impl, case, dtype):
+    check_case(impl, case, dtype)
+
+
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES)
+def test_gpu_tier_forward_matches_reference(impl, case, dtype, gpu_tier):
+    check_case(impl, case, dtype)
+
+
+def check_case(impl: Any, case: Case, dtype: str) -> None:
+    """The output against the reference's; empty ranges give exact zeros."""
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, dtype, key)
     skip_if_unsupported(impl, args, kwargs)
@@ -96,17 +116,19 @@ def test_forward_matches_reference(impl, case, dtype):
     assert np.all(np.asarray(out, np.float32)[empty_rows(case)] == 0), f"empty ranges must give zeros (seed {seed})"
 
 
-@pytest.mark.parametrize(
-    "params", [FwdParams(q_blocksize=1, kv_blocksize=5), FwdParams(q_blocksize=4, kv_blocksize=16)], ids=str
-)
-def test_launch_parameters_do_not_change_the_result(impl, params):
-    """Several chunks (the last overlapping the one before), a last key block shifted back to the end."""
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner: several chunks of rows and key blocks,
+    the last shifted back to the cache's end."""
     key, seed = fresh_key()
     args, kwargs = make_inputs(Case("blocks", options=(("sliding_window", 9),)), "float32", key)
     skip_if_unsupported(impl, args, kwargs)
-    cfg = RaggedDecodeAttentionConfig(fwd_params=params)
-    out = jitted(lambda *a, **kw: call(impl, *a, cfg=cfg, **kw), **kwargs)(*args)
-    assert_close(out, reference.ragged_decode_attention(*args, **kwargs), FWD_RTOL["float32"], f"{params}", seed)
+
+    def check(cfg, want):
+        out = jitted(lambda *a, **kw: call(impl, *a, cfg=cfg, **kw), **kwargs)(*args)
+        assert_close(out, want, FWD_RTOL["float32"], "forward", seed)
+
+    expected = lambda: jitted(reference.ragged_decode_attention, **kwargs)(*args)  # noqa: E731
+    check_candidate_configs(impl, _kernel, args, kwargs, check, tier=tier, expected=expected, differentiable=False)
 
 
 def test_keys_outside_the_range_never_leak(impl):

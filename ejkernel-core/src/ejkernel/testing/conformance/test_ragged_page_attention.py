@@ -15,9 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ejkernel.kernels.params import FwdParams
 from ejkernel.modules import ragged_page_attention
-from ejkernel.modules.operations.configs import RaggedPageAttentionConfig
 from ejkernel.modules.operations.ragged_page_attention import _kernel
 from ejkernel.testing import reference
 from ejkernel.testing.conformance._harness import (
@@ -25,6 +23,7 @@ from ejkernel.testing.conformance._harness import (
     FWD_RTOL,
     assert_close,
     call_forced,
+    check_candidate_configs,
     fresh_key,
     implementations_under_test,
     jitted,
@@ -69,6 +68,20 @@ CASES = [
     Case("prefill_batch_one_page_8", seqs=((13, 13),), pad_slots=0, pad_rows=0, page=8, h=2, k=2, d=64),
     Case("chunked_prefill_page_one_dv", seqs=((3, 10), (2, 2)), page=1, dv=16),
 ]
+# The GPU tier's realistic shapes: a serving step of 64 sequences on pages of 16 (56 decoding with contexts of
+# 1500 to 2100 tokens, 6 chunked prefills of 128 rows, a whole prefill of 517 and an idle one), GQA with 32 query
+# and 8 kv heads of 128.
+GPU_SEQS = (
+    tuple((1, 1500 + (i * 331) % 600) for i in range(56))
+    + tuple((128, 1000 + 173 * i) for i in range(6))
+    + ((517, 517), (0, 700))
+)
+GPU_CASES = [
+    Case("gpu_mixed_gqa", seqs=GPU_SEQS, page=16, h=32, k=8, d=128),
+    Case("gpu_window_soft_cap", seqs=GPU_SEQS, page=16, h=32, k=8, d=128,
+         options=(("sliding_window", 1000), ("logits_soft_cap", 30.0))),
+]  # fmt: skip
+GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
 
 def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any], PagedCache]:
@@ -117,12 +130,40 @@ def run(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     return jitted(lambda *a, **kw: fn(*a, num_seqs, **kw), **kwargs)(*arrays)
 
 
-def run_both(impl: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cfg: Any = None) -> tuple[Any, Any]:
-    """The implementation and the reference."""
-    extra = {} if cfg is None else {"cfg": cfg}
-    return run(lambda *a, **kw: call(impl, *a, **kw, **extra), args, kwargs), run(
-        reference.ragged_page_attention, args, kwargs
-    )
+def reference_in_chunks(args: tuple[Any, ...], kwargs: dict[str, Any], rows: int = 32) -> jax.Array:
+    """The reference, ``rows`` query rows per call (it gathers every row's pages densely: a whole serving step at
+    once would not fit in memory). Rows are independent: rows ``[a, b)`` of a sequence of ``q_len`` queries over
+    ``kv_len`` keys are a sequence of their own, of ``b - a`` queries over ``kv_len - (end - b)`` keys."""
+    q, key_cache, value_cache, kv_lens, tables, cu, num_seqs = args
+    n = int(np.asarray(num_seqs).reshape(-1)[0])
+    cu_np, kv_np, tables_np = np.asarray(cu), np.asarray(kv_lens), np.asarray(tables)
+    pieces = []  # (first row, rows, keys, the sequence's table row)
+    for s in range(n):
+        start, end = int(cu_np[s]), int(cu_np[s + 1])
+        pieces += [(a, min(end, a + rows) - a, int(kv_np[s]) - (end - min(end, a + rows)), s)
+                   for a in range(start, end, rows)]  # fmt: skip
+    calls: list[list[Any]] = [[]]
+    for piece in pieces:  # each call takes pieces of ``rows`` rows in all at most: one shape, one compilation
+        if sum(p[1] for p in calls[-1]) + piece[1] > rows:
+            calls.append([])
+        calls[-1].append(piece)
+    fn = jitted(reference.ragged_page_attention, **kwargs)
+    out = np.zeros(q.shape, np.float32)
+    for call_pieces in calls:
+        sizes = [p[1] for p in call_pieces]
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+        index = np.concatenate([np.arange(a, a + r) for a, r, _, _ in call_pieces] + [np.zeros(0, int)])
+        q_part = jnp.zeros((rows, *q.shape[1:]), q.dtype).at[: len(index)].set(q[index])
+        lens = np.zeros(rows, np.int32)
+        lens[: len(sizes)] = [p[2] for p in call_pieces]
+        table = np.zeros((rows, tables_np.shape[1]), np.int32)
+        table[: len(sizes)] = tables_np[[p[3] for p in call_pieces]]
+        cu_part = np.full(rows + 1, offsets[-1], np.int32)
+        cu_part[: len(offsets)] = offsets
+        got = fn(q_part, key_cache, value_cache, jnp.asarray(lens), jnp.asarray(table), jnp.asarray(cu_part),
+                 jnp.array([len(sizes)], jnp.int32))  # fmt: skip
+        out[index] = np.asarray(got, np.float32)[: len(index)]
+    return jnp.asarray(out, q.dtype)
 
 
 def padding_rows(case: Case) -> np.ndarray:
@@ -132,28 +173,49 @@ def padding_rows(case: Case) -> np.ndarray:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_forward_matches_reference(impl, case, dtype):
+    check_case(impl, case, dtype)
+
+
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES)
+def test_gpu_tier_forward_matches_reference(impl, case, dtype, gpu_tier):
+    check_case(impl, case, dtype, reference_in_chunks)
+
+
+def check_case(impl: Any, case: Case, dtype: str, expected: Any = None) -> None:
+    """The output against the reference's (``expected(args, kwargs)``, default the reference in one call); padding
+    rows give exact zeros."""
     key, seed = fresh_key()
     args, kwargs, _ = make_inputs(case, dtype, key)
     skip_if_unsupported(impl, args, kwargs)
-    out, want = run_both(impl, args, kwargs)
+    out = run(lambda *a, **kw: call(impl, *a, **kw), args, kwargs)
+    want = (expected or (lambda a, kw: run(reference.ragged_page_attention, a, kw)))(args, kwargs)
     assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != input dtype {dtype}"
     assert_close(out, want, FWD_RTOL[dtype], f"{case.name} forward", seed)
     assert np.all(np.asarray(out, np.float32)[padding_rows(case)] == 0), f"padding rows must be zeros (seed {seed})"
 
 
-@pytest.mark.parametrize(
-    "params",
-    [FwdParams(q_blocksize=1, kv_blocksize=4), FwdParams(q_blocksize=3, kv_blocksize=12)],
-    ids=str,
-)
-def test_launch_parameters_do_not_change_the_result(impl, params):
-    """One row per item (decode-style) and items of 3 rows that split sequences; blocks of 1 and 3 pages."""
+def test_the_reference_in_chunks_is_the_reference():
+    """What the GPU tier compares with: the reference a few rows per call (pieces of sequences, several per call)."""
+    key, seed = fresh_key()
+    args, kwargs, _ = make_inputs(CASES[0], "float32", key)
+    want = run(reference.ragged_page_attention, args, kwargs)
+    assert_close(reference_in_chunks(args, kwargs, rows=4), want, 1e-6, "in chunks of 4 rows", seed)
+
+
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner: items of one row (decode-style) and of
+    several that split sequences, key blocks of one page and of several."""
     key, seed = fresh_key()
     case = Case("blocks", seqs=((5, 12), (1, 9), (0, 0), (8, 8), (1, 1)), options=(("sliding_window", 6),))
     args, kwargs, _ = make_inputs(case, "float32", key)
     skip_if_unsupported(impl, args, kwargs)
-    out, want = run_both(impl, args, kwargs, cfg=RaggedPageAttentionConfig(fwd_params=params))
-    assert_close(out, want, FWD_RTOL["float32"], f"{params}", seed)
+
+    def check(cfg, want):
+        out = run(lambda *a, **kw: call(impl, *a, cfg=cfg, **kw), args, kwargs)
+        assert_close(out, want, FWD_RTOL["float32"], "forward", seed)
+
+    expected = lambda: run(reference.ragged_page_attention, args, kwargs)  # noqa: E731
+    check_candidate_configs(impl, _kernel, args, kwargs, check, tier=tier, expected=expected, differentiable=False)
 
 
 def test_unread_cache_entries_never_leak(impl):

@@ -5,6 +5,7 @@ Layout: B batch, T length, H heads, K query/key head dim, V value head dim, N pa
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from typing import Any
 
@@ -25,11 +26,14 @@ from ejkernel.testing.conformance._harness import (
 )
 from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
 from ejkernel.testing.conformance._linear_attention import (
+    CANDIDATE_CASE,
+    GPU_CASES,
     Case,
     assert_jit_and_vmap_agree,
     assert_split_equals_carrying_the_state,
     base_inputs,
     check_against_reference,
+    check_every_candidate_config,
     check_grads_in,
     log_gate,
     outputs_and_grads,
@@ -66,6 +70,13 @@ CASES = [
 ]
 # Every case in float32; this one also in half precision (compiling is what costs time on CI).
 ALL = dtype_cases(CASES, {"all_gates": ("bfloat16", "float16")})
+# The GPU tier's realistic shapes (``_linear_attention.GPU_CASES``) and the candidates' call, with every gate.
+ALL_GATES: dict[str, Any] = {"gates": GATES, "gate_scale": 0.1}
+GPU_DTYPE_CASES = [
+    pytest.param(dataclasses.replace(c, **ALL_GATES), d, id=f"{c.name}-{d}")
+    for c in GPU_CASES
+    for d in ("bfloat16", "float32")
+]
 
 
 def make_inputs(c: Case, dtype: str, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -87,12 +98,31 @@ def skip_if_unsupported(impl: Any, arrays: dict[str, Any], options: dict[str, An
 
 @pytest.mark.parametrize(("case", "dtype"), ALL)
 def test_outputs_final_state_and_gradients_match_reference(impl, case, dtype):
+    check_case(impl, case, dtype)
+
+
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES)
+def test_gpu_tier_outputs_final_state_and_gradients_match_reference(impl, case, dtype, gpu_tier):
+    check_case(impl, case, dtype)
+
+
+def check_case(impl: Any, case: Case, dtype: str) -> None:
+    """The output, the final state and every gradient against the reference's."""
     _, seed = fresh_key()
     arrays, options = make_inputs(case, dtype, seed)
     skip_if_unsupported(impl, arrays, options)
     got = outputs_and_grads(lambda **kw: call(impl, **kw), arrays, options, seed)
     want = outputs_and_grads(reference.recurrent, arrays, options, seed)
     check_against_reference(got, want, case, dtype, seed)
+
+
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner: a length of several chunks of each."""
+    case = dataclasses.replace(CANDIDATE_CASE, **ALL_GATES)
+    _, seed = fresh_key()
+    arrays, options = make_inputs(case, "float32", seed)
+    skip_if_unsupported(impl, arrays, options)
+    check_every_candidate_config(impl, _kernel, recurrent, reference.recurrent, case, arrays, options, seed, tier)
 
 
 def test_check_grads_numerically(impl):

@@ -21,15 +21,14 @@ from jax.sharding import PartitionSpec as P
 from jax.test_util import check_grads
 
 from ejkernel.modules import ring_attention, ring_attention_layout
-from ejkernel.modules.operations.configs import RingAttentionConfig
 from ejkernel.modules.operations.ring_attention import _kernel
-from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 from ejkernel.testing import reference
 from ejkernel.testing.conformance._harness import (
     FWD_RTOL,
     GRAD_RTOL,
     assert_close,
     call_forced,
+    check_candidate_configs,
     fresh_key,
     implementations_under_test,
 )
@@ -56,7 +55,7 @@ def ring_mesh(n: int = N) -> jax.sharding.Mesh:
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """A ring call: local lengths ``t``/``s`` per device, a layout, options; ``blocks`` forces small tiles."""
+    """A ring call: local lengths ``t``/``s`` per device, a layout, options."""
 
     name: str
     layout: str = "contiguous"
@@ -69,7 +68,6 @@ class Case:
     dv: int | None = None
     options: tuple[tuple[str, Any], ...] = ()
     segments: bool = False
-    blocks: int | None = None
 
 
 CAUSAL = (("causal", True),)
@@ -83,16 +81,25 @@ CASES = [
          options=(("sliding_window", (5, 0)), ("causal", True))),
     Case("striped_causal_soft_cap_scale_mqa", layout="striped", k=1,
          options=(("causal", True), ("logits_soft_cap", 2.0), ("softmax_scale", 0.7))),
-    # Several tiles per shard, the last one padded (12 = 8 + 4).
-    Case("contiguous_blocks_segments_causal", t=12, s=12, blocks=8, segments=True, options=CAUSAL),
+    Case("contiguous_segments_causal", t=12, s=12, segments=True, options=CAUSAL),
     Case("striped_dv_differs_window", layout="striped", dv=24, options=(("sliding_window", 6),)),
     Case("length_one_batch_one", b=1, t=1, s=1, options=CAUSAL),
 ]  # fmt: skip
 # bfloat16/float16 on one case each (the float32 cases cover the options).
-LOW_PRECISION = {"bfloat16": "zigzag_window_causal_segments", "float16": "contiguous_blocks_segments_causal"}
+LOW_PRECISION = {"bfloat16": "zigzag_window_causal_segments", "float16": "contiguous_segments_causal"}
 DTYPE_CASES = [(c, "float32") for c in CASES] + [
     (c, dt) for dt, name in LOW_PRECISION.items() for c in CASES if c.name == name
 ]
+# The GPU tier's realistic shapes (on 4 GPUs): 1028 to 2056 tokens over the ring (257 to 514 per device, even under
+# zigzag, which halves them), head dim 128, GQA.
+GPU_CASES = [
+    Case("gpu_contiguous_gqa_causal", b=2, t=257, s=257, h=8, k=2, d=128, options=CAUSAL),
+    Case("gpu_zigzag_window_segments", layout="zigzag", b=2, t=258, s=514, h=8, k=2, d=128, segments=True,
+         options=(("sliding_window", (256, 0)), ("causal", True))),
+    Case("gpu_striped_soft_cap_mqa", layout="striped", b=2, t=257, s=257, h=8, k=1, d=128,
+         options=(("causal", True), ("logits_soft_cap", 30.0))),
+]  # fmt: skip
+GPU_DTYPE_CASES = [(c, d) for c in GPU_CASES for d in ("bfloat16", "float32")]
 
 
 def make_global(case: Case, dtype: str, seed: int, n: int = N) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -116,17 +123,9 @@ def make_global(case: Case, dtype: str, seed: int, n: int = N) -> tuple[tuple[An
     return (q, k, v), arrays
 
 
-def case_cfg(case: Case) -> RingAttentionConfig | None:
-    if case.blocks is None:
-        return None
-    return RingAttentionConfig(
-        fwd_params=FwdParams(q_blocksize=case.blocks, kv_blocksize=case.blocks),
-        bwd_params=BwdParams(q_blocksize=case.blocks, kv_blocksize=case.blocks),
-    )
-
-
-def ring_call(impl: Any, case: Case, n: int = N) -> Any:
-    """``f(q, k, v, arrays)`` on laid-out global arrays: ``ring_attention`` sharded over a ring of ``n``."""
+def ring_call(impl: Any, case: Case, n: int = N, cfg: Any = None) -> Any:
+    """``f(q, k, v, arrays)`` on laid-out global arrays: ``ring_attention`` sharded over a ring of ``n`` (with
+    ``cfg``: that launch configuration)."""
     mesh = ring_mesh(n)
     options = dict(case.options)
 
@@ -134,7 +133,7 @@ def ring_call(impl: Any, case: Case, n: int = N) -> Any:
         specs = {name: P(None, AXIS) for name in ("query", "key", "value", *arrays)}
         return call_forced(
             ring_attention, impl, q, k, v, **arrays, **options, axis_name=AXIS, layout=case.layout,
-            cfg=case_cfg(case), mesh=mesh, in_specs=specs, out_specs=P(None, AXIS),
+            cfg=cfg, mesh=mesh, in_specs=specs, out_specs=P(None, AXIS),
         )  # fmt: skip
 
     return f
@@ -169,26 +168,68 @@ def layout_all(x: Any, layout: str, inverse: bool = False, n: int = N) -> Any:
     return jax.tree.map(lambda a: ring_attention_layout(a, n, layout, inverse=inverse), x)
 
 
+def _cot(case: Case, seed: int) -> jax.Array:
+    return jnp.asarray(np.random.default_rng(seed + 1).standard_normal((case.b, N * case.t, case.h, case.dv or case.d)))
+
+
+def _assert_matches(got: Any, want: Any, case: Case, dtype: str, seed: int) -> None:
+    (out, grads), (want_out, want_grads) = got, want
+    assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != input dtype {dtype}"
+    assert_close(out, want_out, FWD_RTOL[dtype], f"{case.name} forward", seed)
+    for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
+        assert g.dtype == w.dtype, f"{name} dtype {g.dtype} != {w.dtype}"
+        assert_close(g, w, GRAD_RTOL[dtype], f"{case.name} {name}", seed)
+
+
+def _dense_value_and_grads(case: Case, args: tuple[Any, ...], arrays: dict[str, Any], cot: jax.Array) -> Any:
+    options = dict(case.options)
+    return value_and_grads(lambda q, k, v, arr: reference.flash_attention(q, k, v, **arr, **options), args, arrays, cot)
+
+
 @needs_ring
 @pytest.mark.parametrize(("case", "dtype"), DTYPE_CASES, ids=[f"{c.name}-{dt}" for c, dt in DTYPE_CASES])
 def test_ring_matches_flash_attention_on_the_gathered_sequence(impl, case, dtype):
     _, seed = fresh_key()
     args, arrays = make_global(case, dtype, seed)
-    options = dict(case.options)
-    cot = jnp.asarray(np.random.default_rng(seed + 1).standard_normal((case.b, N * case.t, case.h, case.dv or case.d)))
+    cot = _cot(case, seed)
     out, grads = value_and_grads(ring_call(impl, case), args, arrays, cot, case.layout)
-    want, want_grads = value_and_grads(
-        lambda q, k, v, arr: reference.flash_attention(q, k, v, **arr, **options), args, arrays, cot
-    )
-    assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != input dtype {dtype}"
-    assert_close(out, want, FWD_RTOL[dtype], f"{case.name} forward", seed)
-    for name, g, w in zip(("dq", "dk", "dv"), grads, want_grads):
-        assert g.dtype == w.dtype, f"{name} dtype {g.dtype} != {w.dtype}"
-        assert_close(g, w, GRAD_RTOL[dtype], f"{case.name} {name}", seed)
+    want = _dense_value_and_grads(case, args, arrays, cot)
+    _assert_matches((out, grads), want, case, dtype, seed)
     if case.segments or case.name == "zigzag_causal_t_gt_s":
-        rows = np.asarray(want, np.float32) == 0
+        rows = np.asarray(want[0], np.float32) == 0
         assert rows.any(), "the case must have rows that see no key"
         assert np.all(np.asarray(out, np.float32)[rows] == 0), "rows without keys must be exactly zero"
+
+
+@needs_ring
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES, ids=[f"{c.name}-{dt}" for c, dt in GPU_DTYPE_CASES])
+def test_gpu_tier_ring_matches_flash_attention_on_the_gathered_sequence(impl, case, dtype, gpu_tier):
+    _, seed = fresh_key()
+    args, arrays = make_global(case, dtype, seed)
+    cot = _cot(case, seed)
+    got = value_and_grads(ring_call(impl, case), args, arrays, cot, case.layout)
+    _assert_matches(got, _dense_value_and_grads(case, args, arrays, cot), case, dtype, seed)
+
+
+@needs_ring
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner: local lengths of several tiles of each,
+    the last one partial."""
+    case = Case("candidates", t=37, s=45, segments=True, options=CAUSAL)
+    _, seed = fresh_key()
+    args, arrays = make_global(case, "float32", seed)
+    cot = _cot(case, seed)
+    # The call each device makes: local lengths, over the ring's axis.
+    local = {n: jax.ShapeDtypeStruct((x.shape[0], x.shape[1] // N, *x.shape[2:]), x.dtype) for n, x in arrays.items()}
+    q, k, v = (jax.ShapeDtypeStruct((x.shape[0], x.shape[1] // N, *x.shape[2:]), x.dtype) for x in args)
+    options = {**local, **dict(case.options), "axis_name": AXIS, "layout": case.layout}
+
+    def check(cfg, want):
+        got = value_and_grads(ring_call(impl, case, cfg=cfg), args, arrays, cot, case.layout)
+        _assert_matches(got, want, case, "float32", seed)
+
+    expected = lambda: _dense_value_and_grads(case, args, arrays, cot)  # noqa: E731
+    check_candidate_configs(impl, _kernel, (q, k, v), options, check, tier=tier, expected=expected)
 
 
 @needs_ring

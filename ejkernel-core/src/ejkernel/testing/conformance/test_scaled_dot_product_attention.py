@@ -14,9 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ejkernel.kernels.params import BwdParams, FwdParams
 from ejkernel.modules import scaled_dot_product_attention
-from ejkernel.modules.operations.configs import ScaledDotProductAttentionConfig
 from ejkernel.modules.operations.scaled_dot_product_attention import _kernel
 from ejkernel.testing import reference
 from ejkernel.testing.conformance._attention import (
@@ -33,6 +31,7 @@ from ejkernel.testing.conformance._harness import (
     assert_jit_and_vmap_agree_with_eager,
     assert_refused,
     call_forced,
+    check_candidate_configs,
     check_grads_numerically,
     dtype_cases,
     fresh_key,
@@ -85,6 +84,16 @@ CASES = [
 ]
 # Every case in float32; the half-precision dtypes on the cases that exercise a different path each.
 DTYPE_CASES = dtype_cases(CASES, {"causal_t_gt_s": ("bfloat16", "float16"), "seq_lengths": ("bfloat16", "float16")})
+# The GPU tier's realistic shapes: head dim 128, GQA, lengths a multiple of no block size.
+GPU_CASES = [
+    Case("gpu_gqa_causal", t=1031, s=1031, n=8, k=2, h=128, options=(("is_causal", True),)),
+    Case("gpu_window_bias_t_lt_s", t=1031, s=2053, n=8, k=2, h=128, arrays=("bias_heads_keys",),
+         options=(("local_window_size", (256, 64)),)),
+    Case("gpu_seq_lengths_mqa", t=1031, s=1031, n=8, k=1, h=128, arrays=("seq_lengths",),
+         options=(("is_causal", True),)),
+    Case("gpu_mask_keys", t=1031, s=1031, n=8, k=2, h=128, arrays=("mask_keys",)),
+]  # fmt: skip
+GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
 
 def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -151,6 +160,16 @@ def _out_and_grads(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any], cot: 
 
 @pytest.mark.parametrize(("case", "dtype"), DTYPE_CASES)
 def test_forward_and_gradients_match_reference(impl, case, dtype):
+    check_case(impl, case, dtype)
+
+
+@pytest.mark.parametrize(("case", "dtype"), GPU_DTYPE_CASES)
+def test_gpu_tier_forward_and_gradients_match_reference(impl, case, dtype, gpu_tier):
+    check_case(impl, case, dtype)
+
+
+def check_case(impl: Any, case: Case, dtype: str) -> None:
+    """The output and every gradient against the reference's."""
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, dtype, key)
     skip_if_unsupported(impl, args, kwargs)
@@ -181,21 +200,23 @@ def test_matches_jax_dot_product_attention(impl, case):
     assert_close(out, want, FWD_RTOL["float32"], f"{case.name} against jax.nn.dot_product_attention", seed)
 
 
-def test_many_blocks_match_reference(impl):
-    """Block sizes far below the lengths, so that block skipping and the band's edges are exercised."""
+def test_every_candidate_config_matches_reference(impl, tier):
+    """Each launch configuration the implementation offers the autotuner, on lengths of several tiles of each (block
+    skipping and the band's edges exercised)."""
     case = Case("blocks", b=1, t=70, s=45, n=2, k=1, h=16, options=(("local_window_size", (9, 4)),))
     key, seed = fresh_key()
     args, kwargs = make_inputs(case, "float32", key)
     kwargs["key_value_seq_lengths"] = jnp.array([40], jnp.int32)
     skip_if_unsupported(impl, args, kwargs)
-    cfg = ScaledDotProductAttentionConfig(
-        fwd_params=FwdParams(q_blocksize=16, kv_blocksize=8), bwd_params=BwdParams(q_blocksize=8, kv_blocksize=16)
-    )
     cot = jax.random.normal(jax.random.fold_in(key, 1), (1, 70, 2, 16))
-    out, grads = _out_and_grads(lambda *a, **kw: call(impl, *a, **kw, cfg=cfg), args, kwargs, cot)
-    want, want_grads = _out_and_grads(reference.scaled_dot_product_attention, args, kwargs, cot)
-    assert_close(out, want, FWD_RTOL["float32"], "small blocks forward", seed)
-    assert_grads_close(("dq", "dk", "dv"), grads, want_grads, GRAD_RTOL["float32"], "small blocks", seed)
+
+    def check(cfg, want):
+        out, grads = _out_and_grads(lambda *a, **kw: call(impl, *a, **kw, cfg=cfg), args, kwargs, cot)
+        assert_close(out, want[0], FWD_RTOL["float32"], "forward", seed)
+        assert_grads_close(("dq", "dk", "dv"), grads, want[1], GRAD_RTOL["float32"], "gradients", seed)
+
+    expected = lambda: _out_and_grads(reference.scaled_dot_product_attention, args, kwargs, cot)  # noqa: E731
+    check_candidate_configs(impl, _kernel, args, kwargs, check, tier=tier, expected=expected)
 
 
 def test_check_grads_numerically(impl):
