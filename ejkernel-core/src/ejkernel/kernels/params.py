@@ -26,7 +26,7 @@ SplitKParams(num_splits=4, pages_per_block=8)
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Self
+from typing import Any, ClassVar, Self, TypeVar
 
 _SCALARS = (bool, int, float, str)
 
@@ -91,3 +91,68 @@ class FwdParams(_BlockParams):
 @dataclasses.dataclass(frozen=True)
 class BwdParams(_BlockParams):
     """Launch parameters of a backward kernel (block sizes along queries and keys, warps, pipeline stages)."""
+
+
+# -- helpers for implementations' own classes (shared by the plugins) ----------------------------------
+
+P = TypeVar("P", bound=LaunchParams)
+
+
+def check_positive(
+    params: LaunchParams,
+    name: str,
+    *,
+    power_of_two: bool = False,
+    within: tuple[int, int] | None = None,
+    what: str = "",
+) -> None:
+    """Raise ``ValueError`` unless ``params.<name>`` is None or a positive int (a power of two, within the
+    bounds, if asked); ``what`` adds a note to the message."""
+    value = getattr(params, name)
+    if value is None:
+        return
+    ok = isinstance(value, int) and not isinstance(value, bool) and value >= 1
+    if ok and power_of_two:
+        ok = value & (value - 1) == 0
+    if ok and within is not None:
+        ok = within[0] <= value <= within[1]
+    if not ok:
+        kind = "a power of two" if power_of_two else "a positive int"
+        if within is not None:
+            kind += f" from {within[0]} to {within[1]}"
+        raise ValueError(f"{type(params).__name__}.{name} must be {kind}{what} or None, got {value!r}")
+
+
+def map_generic(cls: type[P], params: FwdParams | BwdParams, mapping: dict[str, str]) -> P:
+    """``cls`` from the generic ``params``: each field of ``mapping`` (generic name -> field of ``cls``) carried
+    over; a set field it does not list meant nothing to the implementation and is refused, named."""
+    given = params.to_dict()
+    foreign = sorted(set(given) - set(mapping))
+    if foreign:
+        fields = ", ".join(f.name for f in dataclasses.fields(cls))
+        carried = ", ".join(f"{k} -> {v}" for k, v in mapping.items()) or "none"
+        raise ValueError(
+            f"{cls.__name__} has no field for {foreign} of {type(params).__name__}: they mean nothing to this "
+            f"implementation (the generic fields it maps: {carried}); pass {cls.__name__}({fields}) instead"
+        )
+    return cls(**{mapping[k]: v for k, v in given.items()})
+
+
+class MappedParams(LaunchParams):
+    """A class whose ``from_generic`` follows ``GENERIC`` (generic field -> own field)."""
+
+    GENERIC: ClassVar[dict[str, str]] = {}
+
+    @classmethod
+    def from_generic(cls, params: FwdParams | BwdParams) -> Self:
+        return map_generic(cls, params, cls.GENERIC)
+
+
+def coerce(cls: type[P], params: Any) -> P | None:
+    """``params`` as ``cls`` for a kernel called directly (not through the config chain, which does this):
+    ``None``, a ``cls``, or the generic ``FwdParams``/``BwdParams`` mapped by ``cls.from_generic``."""
+    if params is None or isinstance(params, cls):
+        return params
+    if type(params) in (FwdParams, BwdParams):
+        return cls.from_generic(params)
+    raise TypeError(f"expected {cls.__name__} (or the generic FwdParams/BwdParams), got {type(params).__name__}")
