@@ -80,6 +80,8 @@ def _pytest(
         # ``tests`` and in each plugin's session, and again on every local run.
         "JAX_COMPILATION_CACHE_DIR": str(session.cache_dir / "jax"),
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        # A size limit turns on JAX's file lock around the cache: .ci/run runs two sessions at once.
+        "JAX_COMPILATION_CACHE_MAX_SIZE": str(8 << 30),
     }
     if expect is not None:
         env["EJKERNEL_EXPECT_PLUGINS"] = ",".join(expect)
