@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.kernels.signatures.flash_attention import seed_from_query
+from ejkernel.kernels.signatures._attention import seed_from_query
 from ejkernel.modules import attention, flash_attention
 
 

@@ -22,7 +22,7 @@ if importlib.util.find_spec("ejkernel_pallas") is None:
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from ejkernel.kernels.signatures.block_sparse_attention import block_sparse_mask  # noqa: E402
+from ejkernel.modules.operations.block_sparse_attention import block_sparse_mask  # noqa: E402
 from ejkernel.ops import Invocation  # noqa: E402
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams  # noqa: E402
 from ejkernel.testing.conformance._harness import assert_close, fresh_key  # noqa: E402

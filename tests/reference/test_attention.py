@@ -11,7 +11,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.kernels.signatures.flash_attention import dropout_keep
+from ejkernel.kernels.signatures._attention import dropout_keep
 from ejkernel.testing.reference import attention
 
 

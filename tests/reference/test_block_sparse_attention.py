@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.kernels.signatures.block_sparse_attention import block_sparse_mask
+from ejkernel.modules.operations.block_sparse_attention import block_sparse_mask
 from ejkernel.testing.reference import block_sparse_attention
 
 

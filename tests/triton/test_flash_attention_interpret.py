@@ -34,7 +34,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from ejkernel.kernels.signatures.flash_attention import dropout_keep  # noqa: E402
+from ejkernel.kernels.signatures._attention import dropout_keep  # noqa: E402
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams  # noqa: E402
 from ejkernel.testing.reference import attention_allowed  # noqa: E402
 from ejkernel.testing.reference import flash_attention as reference  # noqa: E402

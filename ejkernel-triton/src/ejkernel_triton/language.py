@@ -11,7 +11,7 @@ whose interpreter switch must precede every ``@triton.jit`` (see its docstring).
   (``[B, H, T]``), :func:`bcast_base` (broadcast ``[NB, NH, T, S]``);
 * intervals (which keys a query admits, or queries a key): :func:`bounds`, :func:`block_range`,
   :func:`span` -- visit a block's range as masked | unmasked | masked parts;
-* dropout as the attention contracts define it (``ejkernel.kernels.signatures.flash_attention.dropout_keep``):
+* dropout as the attention contracts define it (``ejkernel.kernels.signatures._attention.dropout_keep``):
   :func:`mix32`, :func:`dropout_head_hash`, :func:`dropout_row_hash`, :func:`dropout_keep`,
   :func:`dropout_keep_mask`.
 
@@ -215,7 +215,7 @@ def span(PART: tl.constexpr, start, full_lo, full_hi, end):
 
 @triton.jit
 def mix32(x):
-    """lowbias32, the uint32 hash of ``ejkernel.kernels.signatures.flash_attention.mix32``.
+    """lowbias32, the uint32 hash of ``ejkernel.kernels.signatures._attention.mix32``.
 
     ``x`` is uint32: shifts are logical and products wrap mod 2**32, exactly like numpy's uint32."""
     x = x ^ (x >> 16)

@@ -1,4 +1,4 @@
-"""Op signatures (the contract of each algorithm), ``Platform``, ``Backend`` and the ``kernel_registry``."""
+"""The op catalogue (``OPS``: each op's contract and canonical signature), ``Platform``, ``Backend`` and the ``kernel_registry``."""
 
 from ejkernel.kernels._types import Backend, Platform
 from ejkernel.kernels.registry import Implementation, KernelRegistry, kernel_registry

@@ -384,14 +384,7 @@ class KernelRegistry:
         if not (isinstance(name, str) and name.isidentifier()):
             raise ValueError(f"an op's name must be an identifier, got {name!r}")
         owner = plugin or manager.current_plugin() or getattr(stub, "__module__", None) or "<in-process>"
-        spec = OpSpec(
-            name,
-            stub,
-            validate or (lambda **_: None),
-            provided_by=(owner,),
-            reference=reference,
-            owner=owner,
-        )
+        spec = OpSpec(name, stub, validate or (lambda **_: None), reference=reference, owner=owner)
         for p in ("fwd_params", "bwd_params"):
             if p not in spec.signature.parameters:
                 raise TypeError(f"{owner}: the stub of op {name!r} must end with {p}=None")

@@ -263,6 +263,18 @@ def plugin_records() -> list[PluginRecord]:
     return sorted([*_records.values(), *_shadowed], key=lambda r: r.name)
 
 
+def is_loaded(name: str) -> bool:
+    """Whether a plugin of this name is loaded now (an entry point, or an in-process one through :func:`register_plugin`)."""
+    record = _records.get(name)
+    return record is not None and record.status == "loaded"
+
+
+def distribution_of(name: str) -> str:
+    """The distribution that provides plugin ``name`` (its name when it has none, as an in-process plugin)."""
+    record = _records.get(name)
+    return record.distribution if record is not None and record.distribution else name
+
+
 def reset() -> None:
     """Forget all plugins (for tests): the next registry query loads the entry points again."""
     from ejkernel.kernels.registry import kernel_registry

@@ -38,9 +38,8 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejkernel.kernels.params import LaunchParams
-from ejkernel.kernels.signatures.flash_attention import normalize_window
-from ejkernel.kernels.signatures.flash_attention_block import combine, key_intervals
-from ejkernel.kernels.signatures.ring_attention import check_layout, global_positions, ring_axis_size
+from ejkernel.kernels.signatures._attention import combine, key_intervals, normalize_window
+from ejkernel.modules.operations.ring_attention import check_layout, global_positions, ring_axis_size
 
 F32 = jnp.float32
 
@@ -252,7 +251,7 @@ def ring_attention(
     fwd_params: LaunchParams | None = None,
     bwd_params: LaunchParams | None = None,
 ) -> jax.Array:
-    """Ring attention (contract: ``ejkernel.kernels.signatures.ring_attention``) on the block contract.
+    """Ring attention (contract: ``ejkernel.modules.operations.ring_attention``) on the block contract.
 
     ``fwd_params``/``bwd_params``: when set, the launch parameters of every block forward / block backward
     (``flash_attention_block``'s / ``flash_attention_block_bwd``'s, e.g. ``q_blocksize``/``kv_blocksize``);

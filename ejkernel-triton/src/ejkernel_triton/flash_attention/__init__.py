@@ -1,6 +1,6 @@
 """Flash attention (forward and backward) as Triton kernels.
 
-``flash_attention`` follows ``ejkernel.kernels.signatures.flash_attention`` exactly; ``supports``,
+``flash_attention`` follows ``ejkernel.modules.operations.flash_attention`` exactly; ``supports``,
 ``heuristic_cfg`` and ``candidate_cfgs`` are the hooks the ejkernel registry and autotuner call.
 """
 

@@ -1,4 +1,4 @@
-"""The attention-block contract (``ejkernel.kernels.signatures.flash_attention_block``) on the Triton flash kernels.
+"""The attention-block contract (``ejkernel.modules.operations.flash_attention_block``) on the Triton flash kernels.
 
 The kernels already take which keys each query admits as intervals (``row_lo``/``row_hi`` per query,
 ``col_lo``/``col_hi`` per key; see ``_kernels``): the block's positions become those intervals
@@ -18,8 +18,7 @@ from typing import Any
 import jax.numpy as jnp
 
 from ejkernel.device import fold_vmap
-from ejkernel.kernels.signatures.flash_attention import normalize_window
-from ejkernel.kernels.signatures.flash_attention_block import key_intervals, query_intervals
+from ejkernel.kernels.signatures._attention import key_intervals, normalize_window, query_intervals
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_triton.flash_attention import interface as _fa

@@ -26,7 +26,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.device import cdiv, first_gpu, fold_vmap, next_power_of_2, shared_memory_per_block
-from ejkernel.kernels.signatures.flash_attention import normalize_window, validate
+from ejkernel.kernels.signatures._attention import normalize_window
+from ejkernel.modules.operations.flash_attention import validate
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 __all__ = ["candidate_cfgs", "flash_attention", "heuristic_cfg", "supports"]
@@ -712,7 +713,7 @@ def flash_attention(
     bwd_params: BwdParams | None = None,
 ) -> jax.Array:
     """Flash attention on Triton kernels; the semantics are those of
-    ``ejkernel.kernels.signatures.flash_attention`` (read its module docstring).
+    ``ejkernel.modules.operations.flash_attention`` (read its module docstring).
 
     Differentiable in ``query``, ``key``, ``value`` and ``bias`` (``jax.custom_vjp``).
     ``fwd_params``/``bwd_params`` set the launches (``None`` fields: :func:`heuristic_cfg`'s values

@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejkernel.kernels.signatures.flash_attention import dropout_keep
+from ejkernel.kernels.signatures._attention import dropout_keep
 
 F32 = jnp.float32
 

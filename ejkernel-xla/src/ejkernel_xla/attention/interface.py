@@ -7,7 +7,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.kernels.signatures.flash_attention import attention_allowed, normalize_window
+from ejkernel.kernels.signatures._attention import attention_allowed, normalize_window
 
 from ejkernel_xla.attention import _dense
 from ejkernel_xla.params import NoParams
@@ -21,7 +21,7 @@ def attention(
     query, key, value, bias=None, *, attention_mask=None, softmax_scale=None, causal=False, sliding_window=None,
     logits_soft_cap=None, dropout_prob=0.0, dropout_seed=None, return_weights=False, fwd_params=None, bwd_params=None,
 ):  # fmt: skip
-    """Dense attention (contract: ``ejkernel.kernels.signatures.attention``).
+    """Dense attention (contract: ``ejkernel.modules.operations.attention``).
 
     No launch parameters (``NoParams``): the scores are one ``[B, H, T, S]`` array.
     """

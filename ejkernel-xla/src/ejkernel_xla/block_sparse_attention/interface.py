@@ -6,7 +6,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures.block_sparse_attention import block_sparse_mask
+from ejkernel.modules.operations.block_sparse_attention import block_sparse_mask
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_xla.block_sparse_attention._core import Options, attention, default_tiles
@@ -61,7 +61,7 @@ def block_sparse_attention(
     local_blocks=None, global_blocks=0, causal=False, softmax_scale=None, logits_soft_cap=None,
     fwd_params=None, bwd_params=None,
 ):  # fmt: skip
-    """Block-sparse attention (contract: ``ejkernel.kernels.signatures.block_sparse_attention``).
+    """Block-sparse attention (contract: ``ejkernel.modules.operations.block_sparse_attention``).
 
     ``fwd_params``/``bwd_params``: ``q_blocksize``/``kv_blocksize`` are the compute tiles in tokens,
     rounded to multiples of ``q_block``/``kv_block`` when a mask is in play (None: ``default_tiles``).

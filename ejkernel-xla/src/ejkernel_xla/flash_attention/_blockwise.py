@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejkernel.device import cdiv
-from ejkernel.kernels.signatures.flash_attention import dropout_keep
+from ejkernel.kernels.signatures._attention import dropout_keep
 
 F32 = jnp.float32
 NEG_INF = -jnp.inf

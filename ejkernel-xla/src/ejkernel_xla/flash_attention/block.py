@@ -1,4 +1,4 @@
-"""The attention-block contract in plain XLA (``ejkernel.kernels.signatures.flash_attention_block``).
+"""The attention-block contract in plain XLA (``ejkernel.modules.operations.flash_attention_block``).
 
 The blockwise machinery of ``_blockwise`` (tiles, online softmax, block skipping), with ``_IntervalCtx``
 changing only which keys a row admits: the interval ``[lo_i, hi_i)`` of keys that causal/window masking
@@ -20,8 +20,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejkernel.device import cdiv
-from ejkernel.kernels.signatures.flash_attention import normalize_window
-from ejkernel.kernels.signatures.flash_attention_block import key_intervals
+from ejkernel.kernels.signatures._attention import key_intervals, normalize_window
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_xla.flash_attention._blockwise import F32, NEG_INF, Options, _bmm, _Ctx, _hull, _pad_axis

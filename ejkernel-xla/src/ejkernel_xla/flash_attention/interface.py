@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from ejkernel.kernels.signatures.flash_attention import normalize_window
+from ejkernel.kernels.signatures._attention import normalize_window
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_xla.flash_attention._blockwise import Options, attention, default_blocks
@@ -50,7 +50,7 @@ def flash_attention(
     softmax_scale=None, causal=False, sliding_window=None, logits_soft_cap=None, dropout_prob=0.0,
     dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None, fwd_params=None, bwd_params=None,
 ):  # fmt: skip
-    """Blockwise flash attention (contract: ``ejkernel.kernels.signatures.flash_attention``).
+    """Blockwise flash attention (contract: ``ejkernel.modules.operations.flash_attention``).
 
     ``fwd_params``/``bwd_params``: ``q_blocksize``/``kv_blocksize`` of the forward and backward
     (None: ``default_blocks``); ``num_warps``/``num_stages`` mean nothing here.

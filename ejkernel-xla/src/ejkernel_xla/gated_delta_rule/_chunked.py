@@ -262,7 +262,7 @@ def forward(
     initial_state: jax.Array | None,
     cu_seqlens: jax.Array | None,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """The whole op (contract: ``ejkernel.kernels.signatures.gated_delta_rule``) with chunk size ``chunk``."""
+    """The whole op (contract: ``ejkernel.modules.operations.gated_delta_rule``) with chunk size ``chunk``."""
     out_dtype = q.dtype
     b, t, h, dk = q.shape
     dv = v.shape[-1]

@@ -95,7 +95,7 @@ def gated_delta_rule(
     q, k, v, g, beta, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
     use_qk_l2norm=False, fwd_params=None, bwd_params=None,
 ):  # fmt: skip
-    """Chunked gated delta rule (contract: ``ejkernel.kernels.signatures.gated_delta_rule``).
+    """Chunked gated delta rule (contract: ``ejkernel.modules.operations.gated_delta_rule``).
 
     ``fwd_params``/``bwd_params``: ``DeltaRuleParams`` (``ejkernel_xla.params``), the chunk size of the
     forward and of the backward's recomputation (1: the token-by-token recurrence; None: ``default_chunk``,

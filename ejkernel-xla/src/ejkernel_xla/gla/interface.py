@@ -9,7 +9,7 @@ def gla(
     q, k, v, g, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
     fwd_params=None, bwd_params=None,
 ):  # fmt: skip
-    """Gated linear attention (contract: ``ejkernel.kernels.signatures.gla``).
+    """Gated linear attention (contract: ``ejkernel.modules.operations.gla``).
 
     ``fwd_params``/``bwd_params``: ``ChunkParams`` (``ejkernel_xla.params``), the chunk length of each pass
     (a power of two; 1 = the step-by-step recurrence; None: the heuristic).

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.device import next_power_of_2
-from ejkernel.kernels.signatures.grouped_matmul import canonical_dtype
+from ejkernel.modules.operations.grouped_matmul import canonical_dtype
 
 from ejkernel_xla.grouped_matmul import _tiled
 from ejkernel_xla.params import TiledGmmParams, coerce
@@ -58,7 +58,7 @@ def _tile(params: Any, fallback: int) -> int:
 def grouped_matmul(
     lhs, rhs, group_sizes, *, transpose_rhs=False, preferred_element_type=None, fwd_params=None, bwd_params=None
 ):  # fmt: skip
-    """Tiled grouped matmul (contract: ``ejkernel.kernels.signatures.grouped_matmul``).
+    """Tiled grouped matmul (contract: ``ejkernel.modules.operations.grouped_matmul``).
 
     ``fwd_params``/``bwd_params``: ``TiledGmmParams`` (``ejkernel_xla.params``), ``block_m`` the row tile of
     the forward and of the backward (None: ``default_tile``, the backward: the forward's).

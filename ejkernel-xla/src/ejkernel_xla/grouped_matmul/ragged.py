@@ -10,7 +10,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from ejkernel.kernels.signatures.grouped_matmul import canonical_dtype
+from ejkernel.modules.operations.grouped_matmul import canonical_dtype
 
 # lhs [M, K] x rhs [G, N, K] contracting K, rows of lhs ragged over the groups of rhs
 _TRANSPOSED = lax.RaggedDotDimensionNumbers(
@@ -21,7 +21,7 @@ _TRANSPOSED = lax.RaggedDotDimensionNumbers(
 def grouped_matmul(
     lhs, rhs, group_sizes, *, transpose_rhs=False, preferred_element_type=None, fwd_params=None, bwd_params=None
 ):  # fmt: skip
-    """Grouped matmul through ``jax.lax.ragged_dot`` (contract: ``ejkernel.kernels.signatures.grouped_matmul``).
+    """Grouped matmul through ``jax.lax.ragged_dot`` (contract: ``ejkernel.modules.operations.grouped_matmul``).
 
     Accumulates in float32 (``preferred_element_type=float32``), then casts to the result dtype.
     """

@@ -11,7 +11,7 @@ def lightning_attn(
     q, k, v, slope, *, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
     fwd_params=None, bwd_params=None,
 ):  # fmt: skip
-    """Linear attention decaying by ``exp(-slope[h])`` per step (contract: ``ejkernel.kernels.signatures.lightning_attn``).
+    """Linear attention decaying by ``exp(-slope[h])`` per step (contract: ``ejkernel.modules.operations.lightning_attn``).
 
     ``fwd_params``/``bwd_params``: ``ChunkParams`` (``ejkernel_xla.params``), the chunk length of each pass
     (a power of two; 1 = the step-by-step recurrence; None: the heuristic).

@@ -15,7 +15,7 @@ F32 = jnp.float32
 
 
 def mean_pooling(x, *, cu_seqlens=None, fwd_params=None, bwd_params=None):  # fmt: skip
-    """Mean over time (contract: ``ejkernel.kernels.signatures.mean_pooling``)."""
+    """Mean over time (contract: ``ejkernel.modules.operations.mean_pooling``)."""
     return _mean_pooling(x, cu_seqlens)
 
 

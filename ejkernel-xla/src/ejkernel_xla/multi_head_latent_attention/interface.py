@@ -16,7 +16,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures.multi_head_latent_attention import resolve_latent_dim
+from ejkernel.modules.operations.multi_head_latent_attention import resolve_latent_dim
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_xla.multi_head_latent_attention._blockwise import Options, attention
@@ -79,7 +79,7 @@ def multi_head_latent_attention(
     query, kv, *, latent_dim=None, softmax_scale=None, causal=False, block_tables=None, cache_seqlens=None,
     fwd_params=None, bwd_params=None,
 ):  # fmt: skip
-    """Blockwise MLA (contract: ``ejkernel.kernels.signatures.multi_head_latent_attention``).
+    """Blockwise MLA (contract: ``ejkernel.modules.operations.multi_head_latent_attention``).
 
     ``fwd_params``/``bwd_params``: ``q_blocksize``/``kv_blocksize`` of the forward and backward
     (None: ``default_blocks``); ``num_warps``/``num_stages`` mean nothing here.

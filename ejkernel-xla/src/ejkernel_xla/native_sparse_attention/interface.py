@@ -63,7 +63,7 @@ def native_sparse_attention(
     query, key, value, block_indices, *, block_counts=None, g_slc=None, g_cmp=None, g_swa=None, block_size=64,
     window_size=0, softmax_scale=None, causal=True, fwd_params=None, bwd_params=None,
 ):  # fmt: skip
-    """NSA (contract: ``ejkernel.kernels.signatures.native_sparse_attention``).
+    """NSA (contract: ``ejkernel.modules.operations.native_sparse_attention``).
 
     ``fwd_params``/``bwd_params``: ``q_blocksize`` query tokens per step and ``kv_blocksize`` keys per
     step in every branch (selected: rounded down to whole blocks, that many slots at once; compressed:

@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures.page_attention import refuse_gradients
+from ejkernel.kernels.signatures._serving import refuse_gradients
 
 from ejkernel_xla._paged import candidate_blocks, choose_blocks, chunk_for, options, paged_items
 from ejkernel_xla.params import NoParams, PagedParams, coerce
@@ -60,7 +60,7 @@ def page_attention(
     fwd_params: PagedParams | None = None,
     bwd_params: NoParams | None = None,
 ) -> jax.Array:
-    """Paged decode attention (contract: ``ejkernel.kernels.signatures.page_attention``)."""
+    """Paged decode attention (contract: ``ejkernel.modules.operations.page_attention``)."""
     query, key_cache, value_cache = refuse_gradients(OP, query, key_cache, value_cache)
     n, h, d = query.shape
     _, page, kh, _ = key_cache.shape

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures.ragged_decode_attention import refuse_gradients
+from ejkernel.kernels.signatures._serving import refuse_gradients
 
 from ejkernel_xla._paged import candidate_blocks, choose_blocks, chunk_for, options, ragged_dense
 from ejkernel_xla.params import NoParams, RaggedDecodeParams, coerce
@@ -61,7 +61,7 @@ def ragged_decode_attention(
     fwd_params: RaggedDecodeParams | None = None,
     bwd_params: NoParams | None = None,
 ) -> jax.Array:
-    """Ragged decode attention (contract: ``ejkernel.kernels.signatures.ragged_decode_attention``)."""
+    """Ragged decode attention (contract: ``ejkernel.modules.operations.ragged_decode_attention``)."""
     query, key, value = refuse_gradients(OP, query, key, value)
     b, h, d = query.shape
     s, kh, e = key.shape[1], key.shape[2], max(d, value.shape[-1])

@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures.ragged_page_attention import refuse_gradients
+from ejkernel.kernels.signatures._serving import refuse_gradients
 
 from ejkernel_xla._paged import candidate_blocks, choose_blocks, chunk_for, default_rows, options, ragged_paged
 from ejkernel_xla.params import NoParams, RaggedPagedParams, coerce
@@ -85,7 +85,7 @@ def ragged_page_attention(
     fwd_params: RaggedPagedParams | None = None,
     bwd_params: NoParams | None = None,
 ) -> jax.Array:
-    """Ragged paged attention (contract: ``ejkernel.kernels.signatures.ragged_page_attention``)."""
+    """Ragged paged attention (contract: ``ejkernel.modules.operations.ragged_page_attention``)."""
     query, key_cache, value_cache = refuse_gradients(OP, query, key_cache, value_cache)
     t, h, d = query.shape
     _, page, kh, _ = key_cache.shape

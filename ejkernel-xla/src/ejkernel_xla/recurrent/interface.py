@@ -11,7 +11,7 @@ def recurrent(
     q, k, v, g=None, g_k=None, g_v=None, *, scale=None, initial_state=None, output_final_state=False,
     reverse=False, cu_seqlens=None, fwd_params=None, bwd_params=None,
 ):  # fmt: skip
-    """The general gated linear-attention recurrence (contract: ``ejkernel.kernels.signatures.recurrent``).
+    """The general gated linear-attention recurrence (contract: ``ejkernel.modules.operations.recurrent``).
 
     ``fwd_params``/``bwd_params``: ``ChunkParams`` (``ejkernel_xla.params``), the chunk length of each pass
     (a power of two; 1 = the step-by-step recurrence; None: the heuristic).

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 
 from ejkernel.device import first_gpu
 from ejkernel.kernels.params import BwdParams, FwdParams
-from ejkernel.kernels.signatures.flash_attention import normalize_window
+from ejkernel.kernels.signatures._attention import normalize_window
 
 HALF_DTYPES = ("bfloat16", "float16")
 # What cuDNN's flash attention takes on every architecture it runs on (jax checks this too), and on

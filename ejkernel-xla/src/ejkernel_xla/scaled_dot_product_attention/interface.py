@@ -23,7 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures.flash_attention import normalize_window
+from ejkernel.kernels.signatures._attention import normalize_window
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_xla.flash_attention import interface as _flash
@@ -74,7 +74,7 @@ def scaled_dot_product_attention(
     query, key, value, bias=None, mask=None, *, scale=None, is_causal=False, query_seq_lengths=None,
     key_value_seq_lengths=None, local_window_size=None, fwd_params=None, bwd_params=None,
 ):  # fmt: skip
-    """jax's ``dot_product_attention`` on ``flash_attention`` (contract: ``ejkernel.kernels.signatures.scaled_dot_product_attention``).
+    """jax's ``dot_product_attention`` on ``flash_attention`` (contract: ``ejkernel.modules.operations.scaled_dot_product_attention``).
 
     ``fwd_params``/``bwd_params``: the flash kernel's ``q_blocksize``/``kv_blocksize`` (see its interface).
     """

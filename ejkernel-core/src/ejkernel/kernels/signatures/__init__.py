@@ -1,171 +1,145 @@
-"""Canonical signatures: the contract every implementation of an op is checked against.
+"""The catalogue of ops (``OPS``) and the canonical signature every implementation of an op is checked against.
 
-Each op has one stub function here (arrays positional, options keyword-only, jaxtyping
-annotations) and one ``validate`` function that checks a call's arguments at trace time and
-raises a ``ValueError``/``TypeError`` naming the argument, what was expected and what came.
+A core op is defined once, in ``ejkernel.modules.operations.<op>``: its contract (the module docstring), its
+``validate`` (checks a call's arguments at trace time and raises a ``ValueError``/``TypeError`` naming the
+argument, what was expected and what came), its ``Kernel`` and its public function. The canonical signature
+is derived from the public function (:func:`canonical_signature`). The catalogue names those by
+``"module:attr"`` and imports them on first use, so ``import ejkernel`` stays light and the registry (which
+reads ``OPS``) never imports the public API. A plugin's op (``registry.register_op``) brings its own stub.
+The modules here whose names start with ``_`` hold the checks and semantics several contracts share.
 """
 
 from __future__ import annotations
 
+import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
 
-from ejkernel.kernels.signatures import attention as _attention
-from ejkernel.kernels.signatures import block_sparse_attention as _block_sparse_attention
-from ejkernel.kernels.signatures import flash_attention as _flash_attention
-from ejkernel.kernels.signatures import flash_attention_block as _flash_attention_block
-from ejkernel.kernels.signatures import gated_delta_rule as _gated_delta_rule
-from ejkernel.kernels.signatures import gla as _gla
-from ejkernel.kernels.signatures import grouped_matmul as _grouped_matmul
-from ejkernel.kernels.signatures import lightning_attn as _lightning_attn
-from ejkernel.kernels.signatures import mean_pooling as _mean_pooling
-from ejkernel.kernels.signatures import multi_head_latent_attention as _multi_head_latent_attention
-from ejkernel.kernels.signatures import native_sparse_attention as _native_sparse_attention
-from ejkernel.kernels.signatures import page_attention as _page_attention
-from ejkernel.kernels.signatures import ragged_decode_attention as _ragged_decode_attention
-from ejkernel.kernels.signatures import ragged_page_attention as _ragged_page_attention
-from ejkernel.kernels.signatures import recurrent as _recurrent
-from ejkernel.kernels.signatures import ring_attention as _ring_attention
-from ejkernel.kernels.signatures import scaled_dot_product_attention as _scaled_dot_product_attention
+DISPATCH_ONLY = frozenset({"platform", "backend", "cfg", "bwd_cfg", "mesh", "in_specs", "out_specs"})
+"""Parameters of the public functions that choose how a call runs, not what it computes."""
+
+
+def canonical_signature(fn: Callable[..., Any]) -> inspect.Signature:
+    """The canonical signature of the op whose public function is ``fn``: its parameters (annotations and
+    return annotation kept) less the dispatch-only ones (:data:`DISPATCH_ONLY`), then keyword-only
+    ``fwd_params=None, bwd_params=None``.
+
+    >>> def op(x, *, alpha: float = 1.0, platform=None, cfg=None): ...
+    >>> str(canonical_signature(op))
+    "(x, *, alpha: 'float' = 1.0, fwd_params: 'FwdParams | None' = None, bwd_params: 'BwdParams | None' = None)"
+
+    Raises:
+        TypeError: ``fn`` takes ``*args`` or ``**kwargs`` (a canonical signature names every parameter).
+    """
+    sig = inspect.signature(fn)
+    kept = [p for p in sig.parameters.values() if p.name not in DISPATCH_ONLY]
+    if any(p.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD) for p in kept):
+        raise TypeError(f"{fn.__qualname__}: a public op function must name every parameter (no *args/**kwargs)")
+    tuning = [
+        inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=f"{cls} | None")
+        for name, cls in (("fwd_params", "FwdParams"), ("bwd_params", "BwdParams"))
+    ]
+    return sig.replace(parameters=[*kept, *tuning])
+
+
+def _load(ref: Callable[..., Any] | str) -> Callable[..., Any]:
+    if callable(ref):
+        return ref
+    module, _, attr = ref.partition(":")
+    fn: Callable[..., Any] = getattr(importlib.import_module(module), attr)
+    return fn
 
 
 class OpSpec:
-    """One op's contract: its canonical stub (arrays positional, options keyword-only), its validator and
-    the distributions that implement it; ``reference`` (the plain function every implementation is checked
-    against) and ``owner`` (``"ejkernel-core"``, or the plugin that registered the op through
-    ``registry.register_op``)."""
+    """One op's contract: its public function or stub, its validator, ``reference`` (the plain function every
+    implementation is checked against) and ``owner`` (``"ejkernel-core"``, or the plugin that registered the
+    op through ``registry.register_op``).
+
+    ``stub`` and ``validate`` may be ``"module:attr"`` strings, imported on first use. A core op's ``stub`` is
+    its public function and its ``signature`` is derived from it (:func:`canonical_signature`); a plugin's op
+    passes its canonical stub (``fwd_params=None, bwd_params=None`` last), taken as it is.
+    """
 
     def __init__(
         self,
         name: str,
-        stub: Callable[..., Any],
-        validate: Callable[..., None],
-        provided_by: tuple[str, ...],
+        stub: Callable[..., Any] | str,
+        validate: Callable[..., None] | str,
         *,
         reference: Callable[..., Any] | None = None,
         owner: str = "ejkernel-core",
     ):
         self.name = name
-        self.stub = stub
-        self.validate = validate
-        self.provided_by = provided_by
         self.reference = reference
         self.owner = owner
-        self.signature = inspect.signature(stub)
+        self._stub = stub
+        self._validate = validate
+        self._signature: inspect.Signature | None = None
+
+    @property
+    def stub(self) -> Callable[..., Any]:
+        """The public function of a core op, the stub of a plugin's op."""
+        return _load(self._stub)
+
+    @property
+    def validate(self) -> Callable[..., None]:
+        return _load(self._validate)
+
+    @property
+    def signature(self) -> inspect.Signature:
+        """The canonical signature: arrays positional, options keyword-only, ``fwd_params``/``bwd_params`` last."""
+        if self._signature is None:
+            stub = self.stub
+            self._signature = canonical_signature(stub) if self.owner == "ejkernel-core" else inspect.signature(stub)
+        return self._signature
+
+    @property
+    def provided_by(self) -> tuple[str, ...]:
+        """The distributions that implement this op, for "install one of" messages: a core op's ejkernel-xla
+        (which implements every core op; a test holds it to that) or a plugin op's owner, then every loaded
+        plugin that registered an implementation of it."""
+        from ejkernel.kernels.registry import kernel_registry
+        from ejkernel.plugins import manager
+
+        first = "ejkernel-xla" if self.owner == "ejkernel-core" else manager.distribution_of(self.owner)
+        loaded = [
+            manager.distribution_of(impl.plugin)
+            for impl in kernel_registry.implementations(self.name, backend="all")
+            if manager.is_loaded(impl.plugin)
+        ]
+        return tuple(dict.fromkeys([first, *sorted(loaded)]))
+
+
+def _core(name: str, module: str | None = None, validate: str = "validate") -> OpSpec:
+    where = f"ejkernel.modules.operations.{module or name}"
+    return OpSpec(name, f"{where}:{name}", f"{where}:{validate}")
 
 
 OPS: dict[str, OpSpec] = {
-    "flash_attention": OpSpec(
-        "flash_attention",
-        _flash_attention.flash_attention,
-        _flash_attention.validate,
-        provided_by=("ejkernel-xla", "ejkernel-triton", "ejkernel-pallas", "ejkernel-cuda"),
-    ),
-    "multi_head_latent_attention": OpSpec(
-        "multi_head_latent_attention",
-        _multi_head_latent_attention.multi_head_latent_attention,
-        _multi_head_latent_attention.validate,
-        provided_by=("ejkernel-xla", "ejkernel-pallas"),
-    ),
-    "gated_delta_rule": OpSpec(
-        "gated_delta_rule",
-        _gated_delta_rule.gated_delta_rule,
-        _gated_delta_rule.validate,
-        provided_by=("ejkernel-xla",),
-    ),
-    "mean_pooling": OpSpec(
-        "mean_pooling",
-        _mean_pooling.mean_pooling,
-        _mean_pooling.validate,
-        provided_by=("ejkernel-xla",),
-    ),
-    "grouped_matmul": OpSpec(
-        "grouped_matmul",
-        _grouped_matmul.grouped_matmul,
-        _grouped_matmul.validate,
-        provided_by=("ejkernel-xla", "ejkernel-pallas"),
-    ),
-    "ring_attention": OpSpec(
-        "ring_attention",
-        _ring_attention.ring_attention,
-        _ring_attention.validate,
-        provided_by=("ejkernel-xla",),
-    ),
-    "page_attention": OpSpec(
-        "page_attention",
-        _page_attention.page_attention,
-        _page_attention.validate,
-        provided_by=("ejkernel-xla", "ejkernel-pallas"),
-    ),
-    "ragged_page_attention": OpSpec(
-        "ragged_page_attention",
-        _ragged_page_attention.ragged_page_attention,
-        _ragged_page_attention.validate,
-        provided_by=("ejkernel-xla", "ejkernel-pallas"),
-    ),
-    "ragged_decode_attention": OpSpec(
-        "ragged_decode_attention",
-        _ragged_decode_attention.ragged_decode_attention,
-        _ragged_decode_attention.validate,
-        provided_by=("ejkernel-xla", "ejkernel-pallas"),
-    ),
-    "attention": OpSpec(
-        "attention",
-        _attention.attention,
-        _attention.validate,
-        provided_by=("ejkernel-xla",),
-    ),
-    "scaled_dot_product_attention": OpSpec(
-        "scaled_dot_product_attention",
-        _scaled_dot_product_attention.scaled_dot_product_attention,
-        _scaled_dot_product_attention.validate,
-        provided_by=("ejkernel-xla",),
-    ),
-    "block_sparse_attention": OpSpec(
-        "block_sparse_attention",
-        _block_sparse_attention.block_sparse_attention,
-        _block_sparse_attention.validate,
-        provided_by=("ejkernel-xla", "ejkernel-pallas"),
-    ),
-    "native_sparse_attention": OpSpec(
-        "native_sparse_attention",
-        _native_sparse_attention.native_sparse_attention,
-        _native_sparse_attention.validate,
-        provided_by=("ejkernel-xla",),
-    ),
-    "gla": OpSpec(
-        "gla",
-        _gla.gla,
-        _gla.validate,
-        provided_by=("ejkernel-xla", "ejkernel-pallas"),
-    ),
-    "lightning_attn": OpSpec(
-        "lightning_attn",
-        _lightning_attn.lightning_attn,
-        _lightning_attn.validate,
-        provided_by=("ejkernel-xla",),
-    ),
-    "recurrent": OpSpec(
-        "recurrent",
-        _recurrent.recurrent,
-        _recurrent.validate,
-        provided_by=("ejkernel-xla",),
-    ),
-    # The attention-block contract that schedules (ring attention) are written in: see its module.
-    "flash_attention_block": OpSpec(
-        "flash_attention_block",
-        _flash_attention_block.flash_attention_block,
-        _flash_attention_block.validate,
-        provided_by=("ejkernel-xla", "ejkernel-triton"),
-    ),
-    "flash_attention_block_bwd": OpSpec(
-        "flash_attention_block_bwd",
-        _flash_attention_block.flash_attention_block_bwd,
-        _flash_attention_block.validate_bwd,
-        provided_by=("ejkernel-xla", "ejkernel-triton"),
-    ),
-    # (one entry per op above this line, in the order of the catalogue)
+    spec.name: spec
+    for spec in (
+        _core("flash_attention"),
+        _core("multi_head_latent_attention"),
+        _core("gated_delta_rule"),
+        _core("mean_pooling"),
+        _core("grouped_matmul"),
+        _core("ring_attention"),
+        _core("page_attention"),
+        _core("ragged_page_attention"),
+        _core("ragged_decode_attention"),
+        _core("attention"),
+        _core("scaled_dot_product_attention"),
+        _core("block_sparse_attention"),
+        _core("native_sparse_attention"),
+        _core("gla"),
+        _core("lightning_attn"),
+        _core("recurrent"),
+        # The attention-block contract that schedules (ring attention) are written in: see its module.
+        _core("flash_attention_block"),
+        _core("flash_attention_block_bwd", "flash_attention_block", "validate_bwd"),
+        # (one entry per op above this line, in the order of the catalogue)
+    )
 }
 
 

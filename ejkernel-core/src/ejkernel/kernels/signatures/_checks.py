@@ -1,4 +1,4 @@
-"""Argument checks shared by the signature modules' ``validate`` functions.
+"""Argument checks shared by the ops' ``validate`` functions (in ``ejkernel.modules.operations``).
 
 Every check takes the op's name first and raises a ``ValueError`` (a wrong shape or value) or a
 ``TypeError`` (a wrong dtype or Python type) whose message starts with the op's name and says which

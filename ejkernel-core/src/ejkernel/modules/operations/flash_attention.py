@@ -1,4 +1,32 @@
-"""``flash_attention``: the public function and its operations-layer ``Kernel``."""
+"""The ``flash_attention`` contract.
+
+Shapes: B batch, T query length, S key length, H query heads, K key/value heads (H % K == 0;
+query head h reads kv head h // (H // K)), D query/key head dim, Dv value head dim, N packed sequences.
+
+Semantics, in the order they apply to the scores of query i and key j:
+
+1. ``s = softmax_scale * q_i . k_j`` (``softmax_scale`` defaults to ``D ** -0.5``);
+2. ``s += bias`` (broadcast over batch and heads);
+3. ``s = logits_soft_cap * tanh(s / logits_soft_cap)``;
+4. the key is masked out unless every given mask admits it: ``attention_mask[b, h, i, j]``;
+   equal segment ids; ``causal``: ``j <= i + S - T`` (bottom-right aligned, as FlashAttention 2);
+   ``sliding_window=(left, right)``: ``i + S - T - left <= j <= i + S - T + right`` (an int ``w``
+   means ``(w, w)``); with ``cu_seqlens_q``/``cu_seqlens_k`` (B == 1) the sequences are packed
+   along T and S, keys attend only within their own sequence, and causal/window alignment is per
+   sequence (``cu_seqlens_q`` non-decreasing within ``[0, T]``, ``cu_seqlens_k`` within ``[0, S]``: checked
+   when concrete; under ``jit`` unchecked unless ``EJKERNEL_CHECKS=1``, and a violation gives a wrong
+   output without an error);
+5. softmax over the admitted keys in float32; a row with no admitted key gives zeros (never NaN);
+6. dropout: probability ``p`` is dropped and survivors are scaled by ``1 / (1 - p)``; whether
+   ``(b, h, i, j)`` survives is ``dropout_keep(seed, b, h, i, j, H, p)`` (in ``ejkernel.kernels.signatures._attention``),
+   so every backend drops exactly the same entries and the forward and backward agree. Without ``dropout_seed`` the seed
+   is ``seed_from_query``: a hash of the query's values, so the mask changes whenever the query
+   does (every training step, every layer) and is the same for identical inputs;
+7. ``out = P @ v`` in the dtype of ``query``.
+
+The op is defined here once: this contract, ``validate``, the ``Kernel`` and the public function, whose
+parameters are the canonical signature (``ejkernel.kernels.signatures.canonical_signature``).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +37,93 @@ import jax
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from ejkernel.kernels.signatures.flash_attention import normalize_window, seed_from_query
+from ejkernel.kernels.signatures._attention import normalize_window, seed_from_query
+from ejkernel.kernels.signatures._checks import (
+    check_bool,
+    check_cu_seqlens,
+    check_float,
+    check_query_key_value,
+    check_scale,
+    check_segment_ids,
+    check_soft_cap,
+    check_window,
+    describe,
+    dtype_name,
+    is_int_array,
+    shape,
+)
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import attention_zeros
 from ejkernel.modules.operations.configs import FlashAttentionConfig
 from ejkernel.ops import Invocation, Kernel
+
+OP = "flash_attention"
+
+
+def _check_broadcastable(name: str, x: Any, full: tuple[int, int, int, int]) -> None:
+    got = shape(x)
+    if len(got) != 4 or any(g not in (1, f) for g, f in zip(got[:2], full[:2])) or got[2:] != full[2:]:
+        raise ValueError(
+            f"{OP}: {name} must have shape [B|1, H|1, T, S] = [{full[0]}|1, {full[1]}|1, {full[2]}, {full[3]}], "
+            f"got {list(got)}"
+        )
+
+
+def validate(
+    query: Any,
+    key: Any,
+    value: Any,
+    bias: Any = None,
+    *,
+    attention_mask: Any = None,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    logits_soft_cap: float | None = None,
+    dropout_prob: float = 0.0,
+    dropout_seed: Any = None,
+    cu_seqlens_q: Any = None,
+    cu_seqlens_k: Any = None,
+    **_: Any,
+) -> None:
+    """Check a ``flash_attention`` call; raise an error naming the argument, what was expected and what came."""
+    q, k = check_query_key_value(OP, query, key, value)
+    b, t, h, s = q[0], q[1], q[2], k[1]
+    if bias is not None:
+        _check_broadcastable("bias", bias, (b, h, t, s))
+        check_float(OP, "bias", bias)
+    if attention_mask is not None:
+        _check_broadcastable("attention_mask", attention_mask, (b, h, t, s))
+        if dtype_name(attention_mask) != "bool":
+            raise TypeError(f"{OP}: attention_mask must be bool (True = attend), got {dtype_name(attention_mask)}")
+    check_segment_ids(OP, q_segment_ids, kv_segment_ids, b, t, s)
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError(f"{OP}: pass both cu_seqlens_q and cu_seqlens_k, or neither")
+    if cu_seqlens_q is not None:
+        if q_segment_ids is not None:
+            raise ValueError(
+                f"{OP}: cu_seqlens_q/cu_seqlens_k and q_segment_ids/kv_segment_ids both pack sequences; pass one"
+            )
+        n = check_cu_seqlens(OP, "cu_seqlens_q", cu_seqlens_q, b, t)
+        if check_cu_seqlens(OP, "cu_seqlens_k", cu_seqlens_k, b, s, "S") != n:
+            raise ValueError(
+                f"{OP}: cu_seqlens_q and cu_seqlens_k must have the same length, "
+                f"got {n + 1} and {shape(cu_seqlens_k)[0]}"
+            )
+    check_scale(OP, "softmax_scale", softmax_scale)
+    check_bool(OP, "causal", causal)
+    check_window(OP, "sliding_window", sliding_window)
+    check_soft_cap(OP, logits_soft_cap)
+    if not (isinstance(dropout_prob, int | float) and 0.0 <= dropout_prob < 1.0):
+        raise ValueError(f"{OP}: dropout_prob must be a float in [0, 1), got {dropout_prob!r}")
+    if (
+        dropout_seed is not None
+        and not isinstance(dropout_seed, int)
+        and (shape(dropout_seed) != () or not is_int_array(dropout_seed))
+    ):
+        raise TypeError(f"{OP}: dropout_seed must be an int or a scalar integer array, got {describe(dropout_seed)}")
 
 
 class FlashAttention(Kernel[FlashAttentionConfig]):

@@ -1,4 +1,39 @@
-"""``multi_head_latent_attention`` (alias ``flash_mla``): the public function and its operations-layer ``Kernel``."""
+"""The ``multi_head_latent_attention`` contract (DeepSeek MLA in absorbed form; alias ``flash_mla``).
+
+Shapes: B batch, T query length, S key length, H query heads, Dl latent dim (the value dim),
+Dr rotary dim, D = Dl + Dr the query/key dim; paged: P cache pages, page tokens per page,
+maxp pages per sequence.
+
+Every head attends one shared latent per key: all ``D`` dims of ``kv`` are the key of every head,
+its first ``Dl`` dims ``kv[..., :Dl]`` the value (MQA whose value is a prefix of the key).
+
+Dense (``block_tables`` and ``cache_seqlens`` absent): ``kv`` is ``[B, S, D]``, every batch has
+``S`` keys. Paged (both given): ``kv`` is a cache ``[P, page, D]``; batch ``b`` has
+``L_b = cache_seqlens[b]`` keys, key ``j`` is stored at ``kv[block_tables[b, j // page], j % page]``.
+Entries of ``block_tables[b]`` past the first ``ceil(L_b / page)`` are never read (they may hold
+anything); the ones read must lie in ``[0, P)``, and ``0 <= L_b <= maxp * page``. Concrete ``block_tables``
+and ``cache_seqlens`` are checked (``ValueError``); under ``jit`` they are traced and unchecked unless
+``EJKERNEL_CHECKS=1`` (then the call fails when it runs), and a bad entry gives a wrong output without an
+error (the XLA implementation clamps page indices into ``[0, P)`` and lengths into ``[0, maxp * page]``).
+
+For query ``i`` and key ``j`` of batch ``b`` (``L = S`` when dense, ``L_b`` when paged):
+
+1. ``s = softmax_scale * q_i . kv_j`` over all ``D`` dims (``softmax_scale`` defaults to
+   ``D ** -0.5``; DeepSeek models pass ``(qk_nope_head_dim + qk_rope_head_dim) ** -0.5``);
+2. the key is admitted if ``j < L`` and, with ``causal``, ``j <= i + L - T`` (bottom-right
+   aligned as in FlashAttention 2: the queries are the last ``T`` positions of the sequence);
+3. softmax over the admitted keys in float32; a row with no admitted key (``L_b == 0``, or a
+   causal row before the first key) gives zeros, never NaN;
+4. ``out = P @ kv[..., :Dl]``, ``[B, T, H, Dl]`` in the dtype of ``query``.
+
+``latent_dim`` (Dl) must be given unless ``D == 576``, which means DeepSeek-V2/V3's 512 latent
+dims plus 64 rotary dims (``latent_dim=512``). Both variants are differentiable in ``query`` and
+``kv`` (the latent gets gradient through both its key and its value role; a paged cache gets it
+at the slots that were read, zeros elsewhere).
+
+The op is defined here once: this contract, ``validate``, the ``Kernel`` and the public function, whose
+parameters are the canonical signature (``ejkernel.kernels.signatures.canonical_signature``).
+"""
 
 from __future__ import annotations
 
@@ -9,11 +44,97 @@ import jax
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels.signatures.multi_head_latent_attention import resolve_latent_dim
+from ejkernel.kernels.signatures._checks import (
+    check_bool,
+    check_float,
+    check_float_array,
+    check_pages,
+    check_same_dtype,
+    check_scale,
+    check_values,
+    describe,
+    is_int_array,
+    shape,
+)
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import zeros_if_empty
 from ejkernel.modules.operations.configs import MultiHeadLatentAttentionConfig
 from ejkernel.ops import Invocation, Kernel
+
+OP = "multi_head_latent_attention"
+# DeepSeek-V2/V3: kv_lora_rank 512 + qk_rope_head_dim 64; the one last dim whose latent dim is implied.
+DEEPSEEK_DIM, DEEPSEEK_LATENT_DIM = 576, 512
+
+
+def resolve_latent_dim(latent_dim: int | None, dim: int) -> int:
+    """``latent_dim`` as given, or 512 when it is None and the last dim is 576 (DeepSeek-V2/V3).
+
+    Raises:
+        ValueError: None with another last dim, or not in ``[1, dim]``.
+    """
+    if latent_dim is None:
+        if dim != DEEPSEEK_DIM:
+            raise ValueError(
+                f"multi_head_latent_attention: latent_dim is required unless the last dim of query/kv is "
+                f"{DEEPSEEK_DIM} (DeepSeek's {DEEPSEEK_LATENT_DIM} latent + 64 rotary dims), got last dim {dim}"
+            )
+        return DEEPSEEK_LATENT_DIM
+    if isinstance(latent_dim, bool) or not isinstance(latent_dim, int | np.integer):
+        raise TypeError(f"multi_head_latent_attention: latent_dim must be an int or None, got {latent_dim!r}")
+    if not 1 <= latent_dim <= dim:
+        raise ValueError(
+            f"multi_head_latent_attention: latent_dim must be in [1, {dim}] (the last dim of query/kv), got {latent_dim}"
+        )
+    return int(latent_dim)
+
+
+def validate(
+    query: Any,
+    kv: Any,
+    *,
+    latent_dim: int | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    block_tables: Any = None,
+    cache_seqlens: Any = None,
+    **_: Any,
+) -> None:
+    """Check a ``multi_head_latent_attention`` call; raise an error naming the argument, what was expected and what came."""
+    paged = block_tables is not None or cache_seqlens is not None
+    q = check_float_array(OP, "query", query, "[B, T, H, D]")
+    b, d = q[0], q[3]
+    if len(shape(kv)) != 3:
+        layout = "a paged cache [P, page, D]" if paged else "[B, S, D] (one latent shared by all heads)"
+        raise ValueError(f"{OP}: kv must be 3-D {layout}, got {describe(kv)}")
+    check_float(OP, "kv", kv)
+    check_same_dtype(OP, {"query": query, "kv": kv})
+    if shape(kv)[2] != d:
+        raise ValueError(f"{OP}: kv's last dim must equal query's last dim D={d}, got kv shape {list(shape(kv))}")
+    resolve_latent_dim(latent_dim, d)
+    if paged:
+        if block_tables is None or cache_seqlens is None:
+            raise ValueError(
+                f"{OP}: the paged variant needs both block_tables and cache_seqlens, got only "
+                + ("block_tables" if block_tables is not None else "cache_seqlens")
+            )
+        if len(shape(block_tables)) != 2 or shape(block_tables)[0] != b or not is_int_array(block_tables):
+            raise ValueError(
+                f"{OP}: block_tables must be an integer array [B, maxp] with B={b}, got {describe(block_tables)}"
+            )
+        if shape(cache_seqlens) != (b,) or not is_int_array(cache_seqlens):
+            raise ValueError(
+                f"{OP}: cache_seqlens must be an integer array [B] with B={b}, got {describe(cache_seqlens)}"
+            )
+        num_pages, page = shape(kv)[:2]
+        check_values(
+            lambda lens, tables: check_pages(OP, "block_tables", tables, "cache_seqlens", lens, page, num_pages),
+            cache_seqlens,
+            block_tables,
+        )
+    elif shape(kv)[0] != b:
+        raise ValueError(f"{OP}: kv must be [B, S, D] with the batch B={b} of query, got {list(shape(kv))}")
+    check_scale(OP, "softmax_scale", softmax_scale)
+    check_bool(OP, "causal", causal)
 
 
 class MultiHeadLatentAttention(Kernel[MultiHeadLatentAttentionConfig]):

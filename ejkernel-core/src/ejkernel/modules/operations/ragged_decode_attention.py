@@ -1,4 +1,26 @@
-"""``ragged_decode_attention``: the public function and its operations-layer ``Kernel``."""
+"""The ``ragged_decode_attention`` contract: one decode query per batch row over a dense key/value cache with ragged valid ranges.
+
+Shapes: B batch rows, S cache length, H query heads, K key/value heads (H % K == 0; query head h reads
+kv head h // (H // K)), D query/key head dim, Dv value head dim.
+
+Semantics, for batch row ``b`` with ``lo = max(sequence_start[b], 0)`` and ``hi = min(sequence_end[b], S)``:
+
+1. the keys ``lo <= j < hi`` of ``key[b]`` are valid; the query sits at position ``hi - 1`` (after the
+   last valid key) and may attend every valid key; with ``sliding_window=W`` only ``hi - W <= j``
+   (its last ``W`` positions, its own included);
+2. ``s_j = softmax_scale * q . k_j`` (default ``D ** -0.5``); with ``logits_soft_cap``:
+   ``s_j = cap * tanh(s_j / cap)``;
+3. softmax over the admitted keys in float32, ``out = sum_j p_j v_j`` in the dtype of ``query``;
+4. an empty range (``hi <= lo``) gives zeros (never NaN).
+
+Keys and values outside ``[lo, hi)`` never change the output, whatever they hold, NaN included.
+``query``, ``key`` and ``value`` share one float dtype.
+
+Not differentiable: differentiating a call raises ``TypeError`` (inputs under ``jax.lax.stop_gradient`` pass).
+
+The op is defined here once: this contract, ``validate``, the ``Kernel`` and the public function, whose
+parameters are the canonical signature (``ejkernel.kernels.signatures.canonical_signature``).
+"""
 
 from __future__ import annotations
 
@@ -10,11 +32,33 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels.signatures._serving import normalize_options, refuse_gradients
+from ejkernel.kernels.signatures._checks import check_query_key_value
+from ejkernel.kernels.signatures._serving import check_int, check_options, normalize_options, refuse_gradients
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import attention_zeros
 from ejkernel.modules.operations.configs import RaggedDecodeAttentionConfig
 from ejkernel.ops import Invocation, Kernel
+
+OP = "ragged_decode_attention"
+
+
+def validate(
+    query: Any,
+    key: Any,
+    value: Any,
+    sequence_start: Any,
+    sequence_end: Any,
+    *,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
+    **_: Any,
+) -> None:
+    """Check a ``ragged_decode_attention`` call; raise an error naming the argument, what was expected and what came."""
+    b = check_query_key_value(OP, query, key, value, layouts=("[B, H, D]", "[B, S, K, D]", "[B, S, K, Dv]"))[0][0]
+    check_int(OP, "sequence_start", sequence_start, (b,), "[B]")
+    check_int(OP, "sequence_end", sequence_end, (b,), "[B]")
+    check_options(OP, softmax_scale, logits_soft_cap, sliding_window)
 
 
 class RaggedDecodeAttention(Kernel[RaggedDecodeAttentionConfig]):

@@ -1,4 +1,39 @@
-"""``ragged_page_attention``: the public function and its operations-layer ``Kernel``."""
+"""The ``ragged_page_attention`` contract: mixed prefill and decode over a paged key/value cache, in one ragged batch.
+
+Shapes: T query rows (packed over the sequences, padding at the end), S sequence slots, H query heads,
+K key/value heads (H % K == 0; query head h reads kv head h // (H // K)), D query/key head dim, Dv
+value head dim, P pages in the cache, page tokens per page, M pages per sequence at most.
+
+The layout follows ``jax.experimental.pallas.ops.tpu.ragged_paged_attention`` (keys and values in two
+caches here): token ``j`` of sequence ``s`` is row ``j % page`` of page ``block_tables[s, j // page]``.
+
+Semantics. ``n = min(num_seqs, S)`` sequences are live. Live sequence ``s`` owns the query rows
+``cu_q_lens[s] <= t < cu_q_lens[s + 1]`` (``q_len = cu_q_lens[s + 1] - cu_q_lens[s]``, its new tokens,
+already written to the cache) and has ``kv_len = kv_lens[s]`` tokens in the cache, ``q_len <= kv_len``:
+its queries are the last ``q_len`` tokens of its context. For row ``r = t - cu_q_lens[s]`` of it:
+
+1. the query sits at position ``i = kv_len - q_len + r`` and may attend the keys ``0 <= j <= i``
+   (causal within the sequence); with ``sliding_window=W`` only ``i - W < j`` (its last ``W`` positions);
+2. ``s_j = softmax_scale * q . k_j`` (default ``D ** -0.5``); with ``logits_soft_cap``:
+   ``s_j = cap * tanh(s_j / cap)``;
+3. softmax over the admitted keys in float32, ``out = sum_j p_j v_j`` in the dtype of ``query``.
+
+Rows owned by no live sequence (``t >= cu_q_lens[n]``: padding) give zeros. Entries of ``kv_lens``,
+``block_tables`` and ``cu_q_lens`` of sequences ``>= n`` are never read and may hold anything, as may
+the entries of ``block_tables[s]`` past the first ``ceil(kv_len / page)``; the entries that are read
+must be in ``[0, P)``. Cache contents at positions ``>= kv_len`` never change the output, NaN included.
+Must hold: ``num_seqs >= 0``, ``cu_q_lens[0] == 0``, ``cu_q_lens`` non-decreasing up to ``cu_q_lens[n] <= T``,
+``q_len <= kv_len <= M * page``. Concrete metadata is checked (``ValueError`` naming the first bad entry);
+under ``jit`` it is traced and unchecked unless ``EJKERNEL_CHECKS=1`` (then the call fails when it runs), and a
+violation gives a wrong output without an error (the XLA implementation clamps page indices into ``[0, P)``).
+``num_seqs`` is an int array of shape ``[1]`` (as in JAX) or ``[]``, or a Python int. ``query``, ``key_cache``
+and ``value_cache`` share one float dtype.
+
+Not differentiable: differentiating a call raises ``TypeError`` (inputs under ``jax.lax.stop_gradient`` pass).
+
+The op is defined here once: this contract, ``validate``, the ``Kernel`` and the public function, whose
+parameters are the canonical signature (``ejkernel.kernels.signatures.canonical_signature``).
+"""
 
 from __future__ import annotations
 
@@ -10,11 +45,91 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels.signatures._serving import normalize_options, refuse_gradients
+from ejkernel.kernels.signatures._checks import check_offsets, check_pages, check_values, describe, is_int_array, shape
+from ejkernel.kernels.signatures._serving import (
+    check_int,
+    check_options,
+    check_paged_cache,
+    normalize_options,
+    refuse_gradients,
+)
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import zeros_if_empty
 from ejkernel.modules.operations.configs import RaggedPageAttentionConfig
 from ejkernel.ops import Invocation, Kernel
+
+OP = "ragged_page_attention"
+
+
+def validate(
+    query: Any,
+    key_cache: Any,
+    value_cache: Any,
+    kv_lens: Any,
+    block_tables: Any,
+    cu_q_lens: Any,
+    num_seqs: Any,
+    *,
+    softmax_scale: float | None = None,
+    logits_soft_cap: float | None = None,
+    sliding_window: int | None = None,
+    **_: Any,
+) -> None:
+    """Check a ``ragged_page_attention`` call; raise an error naming the argument, what was expected and what came."""
+    check_paged_cache(OP, query, key_cache, value_cache, "[T, H, D]")
+    (s,) = check_int(OP, "kv_lens", kv_lens, (None,), "[S]")
+    if check_int(OP, "block_tables", block_tables, (s, None), "[S, M]")[1] == 0:
+        raise ValueError(f"{OP}: block_tables needs at least one column (M >= 1), got shape {list(block_tables.shape)}")
+    check_int(OP, "cu_q_lens", cu_q_lens, (s + 1,), "[S+1]")
+    if isinstance(num_seqs, bool) or not (
+        isinstance(num_seqs, int) or (is_int_array(num_seqs) and shape(num_seqs) in ((), (1,)))
+    ):
+        raise TypeError(
+            f"{OP}: num_seqs must be an integer array of shape [1] or [], or an int, got {describe(num_seqs)}"
+        )
+    check_options(OP, softmax_scale, logits_soft_cap, sliding_window)
+    t = shape(query)[0]
+    num_pages, page = shape(key_cache)[:2]
+    check_values(
+        lambda *values: _check_metadata(*values, t=t, page=page, num_pages=num_pages),
+        kv_lens,
+        block_tables,
+        cu_q_lens,
+        num_seqs,
+    )
+
+
+def _check_metadata(
+    kv_lens: np.ndarray,
+    block_tables: np.ndarray,
+    cu_q_lens: np.ndarray,
+    num_seqs: np.ndarray,
+    *,
+    t: int,
+    page: int,
+    num_pages: int,
+) -> None:
+    """The values of the live sequences' metadata (``ValueError``); those of the other slots are never read."""
+    live = int(num_seqs.reshape(-1)[0])
+    if live < 0:
+        raise ValueError(f"{OP}: num_seqs = {live} must be >= 0 (the number of live sequences)")
+    n = min(live, kv_lens.shape[0])
+    if n == 0:
+        return
+    cu = cu_q_lens[: n + 1].astype(np.int64)
+    if cu[0] != 0:
+        raise ValueError(f"{OP}: cu_q_lens[0] = {cu[0]} must be 0 (the first sequence's query rows start at row 0)")
+    check_offsets(OP, "cu_q_lens", cu, t)
+    kv = kv_lens[:n].astype(np.int64)
+    q_lens = np.diff(cu)
+    at = np.flatnonzero(kv < q_lens)
+    if at.size:
+        s = int(at[0])
+        raise ValueError(
+            f"{OP}: kv_lens[{s}] = {kv[s]} is less than sequence {s}'s query length "
+            f"cu_q_lens[{s + 1}] - cu_q_lens[{s}] = {q_lens[s]} (its queries are the last tokens of its context)"
+        )
+    check_pages(OP, "block_tables", block_tables[:n], "kv_lens", kv, page, num_pages)
 
 
 class RaggedPageAttention(Kernel[RaggedPageAttentionConfig]):

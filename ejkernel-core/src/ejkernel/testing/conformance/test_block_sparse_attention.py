@@ -15,9 +15,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ejkernel.kernels.signatures.block_sparse_attention import block_sparse_mask
 from ejkernel.modules import block_sparse_attention
-from ejkernel.modules.operations.block_sparse_attention import _kernel
+from ejkernel.modules.operations.block_sparse_attention import _kernel, block_sparse_mask
 from ejkernel.testing import reference
 from ejkernel.testing.conformance._attention import (
     QKV_BAD_INPUTS,

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from ejkernel.kernels import kernel_registry
-from ejkernel.kernels.signatures.flash_attention_block import combine
+from ejkernel.kernels.signatures._attention import combine
 from ejkernel.modules import flash_attention_block, flash_attention_block_bwd
 from ejkernel.modules.operations.flash_attention_block import _bwd_kernel, _kernel
 from ejkernel.testing import reference as _reference

@@ -4,7 +4,7 @@ They are the truth every backend is checked against, and depend on no backend. E
 takes the op's canonical arguments (without the launch parameters ``fwd_params``/``bwd_params``).
 """
 
-from ejkernel.kernels.signatures.flash_attention import attention_allowed  # re-exported: tests build masks with it
+from ejkernel.kernels.signatures._attention import attention_allowed  # re-exported: tests build masks with it
 from ejkernel.testing.reference.attention import attention
 from ejkernel.testing.reference.block_sparse_attention import block_sparse_attention
 from ejkernel.testing.reference.flash_attention import flash_attention

@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures.flash_attention import attention_allowed, dropout_keep
+from ejkernel.kernels.signatures._attention import attention_allowed, dropout_keep
 
 
 def attention(
@@ -25,7 +25,7 @@ def attention(
     dropout_seed: Any = None,
     return_weights: bool = False,
 ) -> Any:
-    """Dense attention (contract: ``ejkernel.kernels.signatures.attention``).
+    """Dense attention (contract: ``ejkernel.modules.operations.attention``).
 
     Returns ``out [B, T, H, Dv]`` in ``query.dtype``, or ``(out, weights)`` with ``return_weights``:
     ``weights [B, H, T, S]`` the matrix that multiplies ``value`` (after dropout), in float32 (float64

@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures.block_sparse_attention import block_sparse_mask
+from ejkernel.modules.operations.block_sparse_attention import block_sparse_mask
 from ejkernel.testing.reference.flash_attention import flash_attention
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures.flash_attention import attention_allowed, dropout_keep
+from ejkernel.kernels.signatures._attention import attention_allowed, dropout_keep
 
 
 def flash_attention(

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures.flash_attention_block import block_allowed
+from ejkernel.kernels.signatures._attention import block_allowed
 
 
 def _scores(

@@ -18,7 +18,7 @@ def gla(
     output_final_state: bool = False,
     cu_seqlens: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """``S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t``, ``o_t = scale q_t S_t`` (contract: ``kernels.signatures.gla``).
+    """``S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t``, ``o_t = scale q_t S_t`` (contract: ``ejkernel.modules.operations.gla``).
 
     >>> import jax.numpy as jnp
     >>> q = k = jnp.ones((1, 2, 1, 1)); v = jnp.array([1.0, 2.0]).reshape(1, 2, 1, 1)

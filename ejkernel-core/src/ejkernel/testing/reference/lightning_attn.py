@@ -19,7 +19,7 @@ def lightning_attn(
     output_final_state: bool = False,
     cu_seqlens: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """``S_t = exp(-slope[h]) S_{t-1} + k_t^T v_t``, ``o_t = scale q_t S_t`` (contract: ``kernels.signatures.lightning_attn``).
+    """``S_t = exp(-slope[h]) S_{t-1} + k_t^T v_t``, ``o_t = scale q_t S_t`` (contract: ``ejkernel.modules.operations.lightning_attn``).
 
     >>> import jax.numpy as jnp
     >>> q = k = jnp.ones((1, 3, 1, 1)); v = jnp.ones((1, 3, 1, 1))

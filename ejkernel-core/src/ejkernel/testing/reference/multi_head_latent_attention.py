@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from ejkernel.device import cdiv
-from ejkernel.kernels.signatures.multi_head_latent_attention import resolve_latent_dim
+from ejkernel.modules.operations.multi_head_latent_attention import resolve_latent_dim
 
 
 def gather_pages(kv_cache: jax.Array, block_tables: jax.Array, cache_seqlens: jax.Array) -> jax.Array:

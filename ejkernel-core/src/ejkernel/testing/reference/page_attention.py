@@ -68,7 +68,7 @@ def page_attention(
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
 ) -> Any:
-    """Dense ``page_attention`` (contract: ``ejkernel.kernels.signatures.page_attention``), computed in float32.
+    """Dense ``page_attention`` (contract: ``ejkernel.modules.operations.page_attention``), computed in float32.
 
     >>> import jax.numpy as jnp
     >>> q = jnp.zeros((1, 1, 4))

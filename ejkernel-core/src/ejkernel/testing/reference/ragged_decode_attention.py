@@ -21,7 +21,7 @@ def ragged_decode_attention(
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
 ) -> Any:
-    """Dense ``ragged_decode_attention`` (contract: ``ejkernel.kernels.signatures.ragged_decode_attention``), in float32.
+    """Dense ``ragged_decode_attention`` (contract: ``ejkernel.modules.operations.ragged_decode_attention``), in float32.
 
     >>> import jax.numpy as jnp
     >>> q = jnp.zeros((2, 1, 4)); k = jnp.zeros((2, 3, 1, 4)); v = jnp.arange(24.0).reshape(2, 3, 1, 4)

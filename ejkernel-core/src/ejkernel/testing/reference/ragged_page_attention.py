@@ -23,7 +23,7 @@ def ragged_page_attention(
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
 ) -> Any:
-    """Dense ``ragged_page_attention`` (contract: ``ejkernel.kernels.signatures.ragged_page_attention``), in float32.
+    """Dense ``ragged_page_attention`` (contract: ``ejkernel.modules.operations.ragged_page_attention``), in float32.
 
     >>> import jax.numpy as jnp
     >>> q = jnp.zeros((3, 1, 4)); k = jnp.zeros((2, 2, 1, 4)); v = jnp.arange(16.0).reshape(2, 2, 1, 4)

@@ -24,7 +24,7 @@ def recurrent(
 ) -> tuple[jax.Array, jax.Array | None]:
     """``S_t = exp(g_t) diag(exp(g_k,t)) S_{t-1} diag(exp(g_v,t)) + k_t^T v_t``, ``o_t = scale q_t S_t``.
 
-    The contract is ``kernels.signatures.recurrent``; ``reverse`` visits the tokens from last to first.
+    The contract is ``ejkernel.modules.operations.recurrent``; ``reverse`` visits the tokens from last to first.
 
     >>> import jax.numpy as jnp
     >>> q = k = jnp.ones((1, 3, 1, 1)); v = jnp.array([1.0, 2.0, 3.0]).reshape(1, 3, 1, 1)

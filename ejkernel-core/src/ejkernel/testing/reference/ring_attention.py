@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejkernel.kernels.signatures.ring_attention import layout_permutation, ring_axis_size
+from ejkernel.modules.operations.ring_attention import layout_permutation, ring_axis_size
 from ejkernel.testing.reference.flash_attention import flash_attention
 
 

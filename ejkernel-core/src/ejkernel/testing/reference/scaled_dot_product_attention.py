@@ -19,7 +19,7 @@ def scaled_dot_product_attention(
     key_value_seq_lengths: jax.Array | None = None,
     local_window_size: int | tuple[int, int] | None = None,
 ) -> jax.Array:
-    """Dense scaled dot-product attention (contract: ``ejkernel.kernels.signatures.scaled_dot_product_attention``).
+    """Dense scaled dot-product attention (contract: ``ejkernel.modules.operations.scaled_dot_product_attention``).
 
     Returns ``[B, T, N, Hv]`` in ``query.dtype``; a query row without any admitted key gives zeros.
 

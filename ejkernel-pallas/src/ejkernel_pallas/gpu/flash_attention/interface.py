@@ -1,4 +1,4 @@
-"""Mosaic GPU ``flash_attention`` for Hopper (contract: ``ejkernel.kernels.signatures.flash_attention``).
+"""Mosaic GPU ``flash_attention`` for Hopper (contract: ``ejkernel.modules.operations.flash_attention``).
 
 Serves bfloat16 and float16, head dims up to 256 (padded with zeros to 64, 128 or 256), causal
 (bottom-right aligned) or not, GQA/MQA and any ``softmax_scale``, at any lengths (queries padded to

@@ -1,4 +1,4 @@
-"""Mosaic TPU ``block_sparse_attention`` (contract: ``ejkernel.kernels.signatures.block_sparse_attention``).
+"""Mosaic TPU ``block_sparse_attention`` (contract: ``ejkernel.modules.operations.block_sparse_attention``).
 
 Serves every option of the contract: a block mask ``[B|1, H|1, NQ, NK]`` (traced or concrete) or the
 patterns (``local_blocks``/``global_blocks``), causal (bottom-right aligned), segment ids, soft cap,
@@ -44,7 +44,7 @@ import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
 from ejkernel.device import round_up
-from ejkernel.kernels.signatures.block_sparse_attention import block_sparse_mask
+from ejkernel.modules.operations.block_sparse_attention import block_sparse_mask
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_pallas.tpu.block_sparse_attention import _schedule

@@ -1,4 +1,4 @@
-"""Mosaic TPU ``flash_attention`` (contract: ``ejkernel.kernels.signatures.flash_attention``).
+"""Mosaic TPU ``flash_attention`` (contract: ``ejkernel.modules.operations.flash_attention``).
 
 Serves causal (bottom-right aligned), sliding window, soft cap, bias (differentiable, broadcastable
 over batch and heads), segment ids, GQA/MQA and any ``softmax_scale``, in float32 and bfloat16.
@@ -18,7 +18,7 @@ import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
 from ejkernel.device import round_up
-from ejkernel.kernels.signatures.flash_attention import normalize_window
+from ejkernel.kernels.signatures._attention import normalize_window
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_pallas.tpu.flash_attention._kernels import Geometry, backward, forward

@@ -1,4 +1,4 @@
-"""Mosaic TPU ``gla`` (contract: ``ejkernel.kernels.signatures.gla``).
+"""Mosaic TPU ``gla`` (contract: ``ejkernel.modules.operations.gla``).
 
 Serves every option of the contract: ``scale``, ``initial_state`` (differentiable), ``output_final_state``
 and packed sequences (``cu_seqlens``), in float32 and bfloat16; gates and the initial state in any float

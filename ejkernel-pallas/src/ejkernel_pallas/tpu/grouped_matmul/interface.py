@@ -1,4 +1,4 @@
-"""Mosaic TPU ``grouped_matmul`` (contract: ``ejkernel.kernels.signatures.grouped_matmul``).
+"""Mosaic TPU ``grouped_matmul`` (contract: ``ejkernel.modules.operations.grouped_matmul``).
 
 The megablox design: ``gmm`` for the forward and for ``d lhs`` (the same grouped matmul against the
 other orientation of ``rhs``), ``tgmm`` for ``d rhs[g] = lhs_g^T d out_g``; see ``_kernels``.
@@ -31,7 +31,7 @@ import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
 from ejkernel.device import round_up
-from ejkernel.kernels.signatures.grouped_matmul import canonical_dtype
+from ejkernel.modules.operations.grouped_matmul import canonical_dtype
 
 from ejkernel_pallas.tpu.grouped_matmul._kernels import GmmGeometry, TgmmGeometry, gmm, schedule, tgmm
 from ejkernel_pallas.tpu.params import GmmParams, coerce

@@ -1,5 +1,5 @@
 """Mosaic TPU ``multi_head_latent_attention`` for decode (contract:
-``ejkernel.kernels.signatures.multi_head_latent_attention``; alias ``flash_mla``).
+``ejkernel.modules.operations.multi_head_latent_attention``; alias ``flash_mla``).
 
 Serves the dense (``kv [B, S, D]``) and the paged (``kv [P, page, D]`` with ``block_tables`` and
 ``cache_seqlens``) variants, causal or not, any ``softmax_scale`` and ``latent_dim``, in float32 and
@@ -36,7 +36,7 @@ import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
 from ejkernel.device import cdiv, round_up
-from ejkernel.kernels.signatures.multi_head_latent_attention import resolve_latent_dim
+from ejkernel.modules.operations.multi_head_latent_attention import resolve_latent_dim
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
 from ejkernel_pallas.tpu.multi_head_latent_attention._kernels import F32, I32, Geometry, backward, forward

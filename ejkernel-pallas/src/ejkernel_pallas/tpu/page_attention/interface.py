@@ -1,4 +1,4 @@
-"""Mosaic TPU ``page_attention`` (contract: ``ejkernel.kernels.signatures.page_attention``).
+"""Mosaic TPU ``page_attention`` (contract: ``ejkernel.modules.operations.page_attention``).
 
 Serves GQA/MQA, ``softmax_scale``, ``logits_soft_cap`` and ``sliding_window``, in float32 and bfloat16;
 declines float16 (``supports``), which the TPU does not compute in. Forward only: differentiating a call
@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ejkernel.kernels.signatures.page_attention import refuse_gradients
+from ejkernel.kernels.signatures._serving import refuse_gradients
 
 from ejkernel_pallas.tpu._paged import Geometry, candidate_pages, interpret_params, pages_per_block
 from ejkernel_pallas.tpu._paged import supports as supports

@@ -1,4 +1,4 @@
-"""Mosaic TPU ``ragged_decode_attention`` (contract: ``ejkernel.kernels.signatures.ragged_decode_attention``).
+"""Mosaic TPU ``ragged_decode_attention`` (contract: ``ejkernel.modules.operations.ragged_decode_attention``).
 
 Serves GQA/MQA, ``softmax_scale``, ``logits_soft_cap`` and ``sliding_window``, in float32 and bfloat16;
 declines float16 (``supports``), which the TPU does not compute in. Forward only: differentiating a call
@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.kernels.signatures.ragged_decode_attention import refuse_gradients
+from ejkernel.kernels.signatures._serving import refuse_gradients
 
 from ejkernel_pallas.tpu._paged import DEFAULT_KV_TOKENS, Geometry, interpret_params, max_kv_tokens, round_up
 from ejkernel_pallas.tpu._paged import supports as supports

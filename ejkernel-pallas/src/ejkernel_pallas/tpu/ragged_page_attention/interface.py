@@ -1,4 +1,4 @@
-"""Mosaic TPU ``ragged_page_attention`` (contract: ``ejkernel.kernels.signatures.ragged_page_attention``).
+"""Mosaic TPU ``ragged_page_attention`` (contract: ``ejkernel.modules.operations.ragged_page_attention``).
 
 Serves mixed prefill and decode batches (causal within every sequence), GQA/MQA, ``softmax_scale``,
 ``logits_soft_cap`` and ``sliding_window``, in float32 and bfloat16; declines float16 (``supports``), which
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.kernels.signatures.ragged_page_attention import refuse_gradients
+from ejkernel.kernels.signatures._serving import refuse_gradients
 
 from ejkernel_pallas.tpu._paged import (
     Q_VMEM_BYTES,
