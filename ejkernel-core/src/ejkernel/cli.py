@@ -1,4 +1,5 @@
-"""The ``ejkernel`` command: ``info`` (what is installed and what would run) and ``cache`` (tuned configs).
+"""The ``ejkernel`` command: ``info`` (what is installed and what would run), ``cache`` (tuned configs) and
+``bench`` (implementations and peers of an op, checked and timed; tables and plots from results files).
 
 Run as ``ejkernel ...`` or ``python -m ejkernel ...``; ``tests/core/test_cli.py`` runs every command.
 """
@@ -133,6 +134,72 @@ def cmd_cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from ejkernel.bench import report as rep
+    from ejkernel.bench.presets import PRESETS
+    from ejkernel.bench.schema import load
+
+    if args.report:
+        docs = load(args.report)
+        if args.plots:
+            for png in rep.plots(docs, args.plots):
+                print(f"wrote {png}", file=sys.stderr)
+        if args.update:
+            target = Path(args.update)
+            target.write_text(rep.update(target.read_text(), docs))
+            print(f"updated {target}", file=sys.stderr)
+        text = rep.report(docs)
+        if args.out:
+            Path(args.out).write_text(text)
+            print(f"wrote {args.out}", file=sys.stderr)
+        elif not args.update:
+            print(text)
+        return 0
+    if args.presets:
+        for name, p in PRESETS.items():
+            print(f"{name:16} {p.op:24} {len(p.shapes)} shapes, {','.join(p.passes)}, {p.dtype}: {p.about}")
+        return 0
+    from ejkernel.bench.cases import CASES
+    from ejkernel.bench.run import run, shapes_of
+
+    preset = PRESETS[args.preset] if args.preset else None
+    op = args.op or (preset.op if preset else None)
+    if op is None:
+        print("ejkernel bench: name an op or a --preset (--presets lists them)", file=sys.stderr)
+        return 2
+    if op not in CASES:
+        print(f"ejkernel bench: no benchmark for {op!r}; ops: {', '.join(CASES)}", file=sys.stderr)
+        return 2
+    if preset is not None and preset.op != op:
+        print(f"ejkernel bench: preset {args.preset} is for {preset.op}, not {op}", file=sys.stderr)
+        return 2
+    texts = args.shapes or (list(preset.shapes) if preset else [""])
+    try:
+        shapes = shapes_of(op, [t for t in texts if t] or [",".join(f"{k}={v}" for k, v in CASES[op].defaults.items())])
+        doc, path = run(
+            op,
+            shapes,
+            impls=args.impls.split(",") if args.impls else None,
+            peers=[] if args.peers == "none" else (args.peers.split(",") if args.peers else None),
+            dtype=args.dtype or (preset.dtype if preset else "bfloat16"),
+            passes=args.passes.split(",") if args.passes else (preset.passes if preset else ("fwd",)),
+            out_dir=args.out,
+            preset=args.preset,
+            budget_s=args.budget_s,
+            progress=not args.json,
+        )
+    except ValueError as e:
+        print(f"ejkernel bench: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(doc["records"], indent=1))
+    else:
+        print(rep.table(doc["records"]))
+        if path is not None:
+            print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ejkernel", description="ejkernel: what is installed, what runs, tuned configs"
@@ -152,6 +219,26 @@ def build_parser() -> argparse.ArgumentParser:
         p = cache_sub.add_parser(name, help=what)
         p.add_argument("file", metavar="FILE")
     cache.set_defaults(func=cmd_cache)
+    bench = sub.add_parser(
+        "bench",
+        help="time every installed implementation of an op and its peers (checked against the reference first)",
+        description="Time OP's installed implementations and peers, or render results files (--report).",
+    )
+    bench.add_argument("op", nargs="?", help="the op (flash_attention, page_attention, grouped_matmul, ...)")
+    bench.add_argument("--shapes", nargs="+", help="B=2,T=8192,causal=1 or the op's shorthand 2x16x8192x128")
+    bench.add_argument("--preset", help="a named shape set (--presets lists them)")
+    bench.add_argument("--presets", action="store_true", help="list the presets")
+    bench.add_argument("--impls", help="implementation names, comma-separated ('default': the op's own dispatch)")
+    bench.add_argument("--peers", help="peer names, comma-separated, or 'none' (default: every peer of the op)")
+    bench.add_argument("--dtype", help="bfloat16 (default), float16, float32")
+    bench.add_argument("--passes", help="fwd,fwd_bwd (default: the preset's, else fwd)")
+    bench.add_argument("--budget-s", type=float, default=1.0, help="device seconds of samples per measurement")
+    bench.add_argument("--out", help="results directory (a run) or markdown file (--report)")
+    bench.add_argument("--json", action="store_true", help="print the records as JSON, no progress bar")
+    bench.add_argument("--report", nargs="+", metavar="DIR_OR_FILE", help="render results files instead of running")
+    bench.add_argument("--plots", help="with --report: write PNG plots into this directory")
+    bench.add_argument("--update", help="with --report: rewrite this file's <!-- bench:begin NAME --> sections")
+    bench.set_defaults(func=cmd_bench)
     return parser
 
 

@@ -1,0 +1,244 @@
+"""What ``ejkernel bench`` knows of each op: its shape letters, inputs, how to call it, its reference and metric.
+
+A shape is a dict of named sizes and options (``{"B": 2, "H": 16, "T": 8192, "D": 128, "causal": True}``);
+on the command line ``B=2,H=16,T=8192,D=128,causal=1`` or the op's shorthand ``2x16x8192x128`` (its
+``letters`` in order). Inputs are random (never zeros), seeded, so every implementation and peer gets the
+same arrays.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+Shape = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class Inputs:
+    """The arrays of one call (positional), the options (keyword) and which arrays are differentiated."""
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    diff: tuple[int, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One op as the benchmark runs it.
+
+    ``make(shape, dtype)`` gives the :class:`Inputs`; ``call(platform, inputs)`` runs ``ejkernel.modules.<op>``
+    (``platform=None``: the default dispatch); ``reference(inputs)`` the float32 truth; ``work(shape, pass)``
+    the FLOPs or bytes of one call and ``unit``/``model`` name the metric and its model; ``x`` is the letter
+    plots put on their x axis.
+    """
+
+    op: str
+    letters: tuple[str, ...]
+    defaults: Shape
+    make: Callable[[Shape, Any], Inputs]
+    work: Callable[[Shape, str, Any], float]
+    unit: str
+    model: str
+    x: str
+
+    def call(self, platform: str | None, inputs: Inputs) -> Any:
+        import ejkernel.modules as modules
+
+        return first(getattr(modules, self.op)(*inputs.args, **inputs.kwargs, platform=platform))
+
+    def reference(self, inputs: Inputs) -> Any:
+        from ejkernel.testing import reference
+
+        args = tuple(a.astype(jnp.float32) if _is_float(a) else a for a in inputs.args)
+        return first(getattr(reference, self.op)(*args, **inputs.kwargs))
+
+    def parse(self, text: str) -> Shape:
+        """``"2x16x8192x128"`` (the letters in order) or ``"B=2,T=8192,causal=1"``, over the defaults."""
+        shape = dict(self.defaults)
+        if "=" in text:
+            for part in text.split(","):
+                name, _, value = part.partition("=")
+                if name not in shape and name not in self.letters:
+                    raise ValueError(f"{self.op}: unknown size or option {name!r} (known: {', '.join(shape)})")
+                shape[name] = value.lower() in ("1", "true", "yes") if isinstance(shape.get(name), bool) else int(value)
+        else:
+            sizes = [int(v) for v in text.split("x")]
+            if len(sizes) > len(self.letters):
+                raise ValueError(f"{self.op}: {text!r} has more sizes than {'x'.join(self.letters)}")
+            shape.update(zip(self.letters, sizes))
+        return shape
+
+
+def first(out: Any) -> Any:
+    """The op's main output (ops returning ``(out, state)`` are compared and timed on ``out``)."""
+    return out[0] if isinstance(out, tuple) else out
+
+
+def _is_float(a: Any) -> bool:
+    return hasattr(a, "dtype") and jnp.issubdtype(a.dtype, jnp.floating)
+
+
+def label(shape: Shape) -> str:
+    """``B2 H16 T8192 D128 causal``: sizes by letter, true options by name (false ones and sizes 0 left out)."""
+    parts = [f"{k}{v}" for k, v in shape.items() if not isinstance(v, bool) and v != 0]
+    return " ".join(parts + [k for k, v in shape.items() if v is True])
+
+
+def _normal(key: Any, shape: tuple[int, ...], dtype: Any) -> jax.Array:
+    return jax.random.normal(key, shape, jnp.float32).astype(dtype)
+
+
+def _attention(s: Shape, dtype: Any) -> Inputs:
+    kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+    q = _normal(kq, (s["B"], s["T"], s["H"], s["D"]), dtype)
+    kvh = s["K"] or s["H"]
+    k = _normal(kk, (s["B"], s["S"] or s["T"], kvh, s["D"]), dtype)
+    v = _normal(kv, (s["B"], s["S"] or s["T"], kvh, s["D"]), dtype)
+    return Inputs((q, k, v), {"causal": bool(s["causal"])}, (0, 1, 2))
+
+
+def _attention_flops(s: Shape, pass_: str, dtype: Any) -> float:
+    f = 4.0 * s["B"] * s["H"] * s["T"] * (s["S"] or s["T"]) * s["D"] * (0.5 if s["causal"] else 1.0)
+    return f * (3.5 if pass_ == "fwd_bwd" else 1.0)
+
+
+def _paged(s: Shape, dtype: Any) -> Inputs:
+    n, page, length = s["N"], s["P"], s["L"]
+    per_seq = -(-length // page)
+    kq, kk, kv, kp = jax.random.split(jax.random.key(0), 4)
+    q = _normal(kq, (n, s["H"], s["D"]), dtype)
+    kc = _normal(kk, (n * per_seq, page, s["K"], s["D"]), dtype)
+    vc = _normal(kv, (n * per_seq, page, s["K"], s["D"]), dtype)
+    tables = jax.random.permutation(kp, n * per_seq).reshape(n, per_seq).astype(jnp.int32)
+    return Inputs((q, kc, vc, jnp.full((n,), length, jnp.int32), tables), {}, ())
+
+
+def _decode_bytes(s: Shape, pass_: str, dtype: Any) -> float:
+    size = jnp.dtype(dtype).itemsize
+    rows = s["N"] if "N" in s else s["B"]
+    return float(size * rows * (2 * s["L"] * s["K"] * s["D"] + 2 * s["H"] * s["D"]))
+
+
+def _ragged_decode(s: Shape, dtype: Any) -> Inputs:
+    kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+    q = _normal(kq, (s["B"], s["H"], s["D"]), dtype)
+    k = _normal(kk, (s["B"], s["L"], s["K"], s["D"]), dtype)
+    v = _normal(kv, (s["B"], s["L"], s["K"], s["D"]), dtype)
+    start = jnp.zeros((s["B"],), jnp.int32)
+    return Inputs((q, k, v, start, jnp.full((s["B"],), s["L"], jnp.int32)), {}, ())
+
+
+def _grouped(s: Shape, dtype: Any) -> Inputs:
+    kl, kr = jax.random.split(jax.random.key(0))
+    lhs = _normal(kl, (s["M"], s["K"]), dtype)
+    rhs = _normal(kr, (s["G"], s["K"], s["N"]), dtype)
+    sizes = jnp.full((s["G"],), s["M"] // s["G"], jnp.int32)
+    return Inputs((lhs, rhs, sizes), {}, (0, 1))
+
+
+def _grouped_flops(s: Shape, pass_: str, dtype: Any) -> float:
+    return 2.0 * s["M"] * s["K"] * s["N"] * (3.0 if pass_ == "fwd_bwd" else 1.0)
+
+
+def _gla(s: Shape, dtype: Any) -> Inputs:
+    kq, kk, kv, kg = jax.random.split(jax.random.key(0), 4)
+    b, t, h, dk, dv = s["B"], s["T"], s["H"], s["K"], s["V"]
+    q, k = _normal(kq, (b, t, h, dk), dtype), _normal(kk, (b, t, h, dk), dtype)
+    g = jax.nn.log_sigmoid(jax.random.normal(kg, (b, t, h, dk), jnp.float32) + 3.0).astype(dtype)  # decays near 1
+    return Inputs((q * dk**-0.5, k * dk**-0.5, _normal(kv, (b, t, h, dv), dtype), g), {}, (0, 1, 2, 3))
+
+
+def _delta(s: Shape, dtype: Any) -> Inputs:
+    kq, kk, kv, kg, kb = jax.random.split(jax.random.key(0), 5)
+    b, t, h, dk, dv = s["B"], s["T"], s["H"], s["K"], s["V"]
+    unit = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731 - keys of norm 1 keep the rule stable
+    q = unit(jax.random.normal(kq, (b, t, h, dk))).astype(dtype)
+    k = unit(jax.random.normal(kk, (b, t, h, dk))).astype(dtype)
+    g = jax.nn.log_sigmoid(jax.random.normal(kg, (b, t, h)) + 3.0).astype(dtype)
+    beta = jax.nn.sigmoid(jax.random.normal(kb, (b, t, h))).astype(dtype)
+    return Inputs((q, k, _normal(kv, (b, t, h, dv), dtype), g, beta), {}, (0, 1, 2, 3, 4))
+
+
+CHUNK = 64
+
+
+def _linear_flops(extra_kv: int) -> Callable[[Shape, str, Any], float]:
+    def flops(s: Shape, pass_: str, dtype: Any) -> float:
+        per_token = (2 + extra_kv) * s["K"] * s["V"] + CHUNK * (s["K"] + s["V"])
+        return 2.0 * s["B"] * s["T"] * s["H"] * per_token * (3.0 if pass_ == "fwd_bwd" else 1.0)
+
+    return flops
+
+
+# K (key/value heads) 0: K = H; S (key length) 0: S = T.
+_ATTN = {"B": 2, "H": 16, "K": 0, "T": 1024, "S": 0, "D": 128, "causal": False}
+CASES: dict[str, Case] = {
+    c.op: c
+    for c in (
+        Case(
+            "flash_attention",
+            ("B", "H", "T", "D"),
+            _ATTN,
+            _attention,
+            _attention_flops,
+            "TFLOP/s",
+            "4·B·H·T·S·D, ½ when causal; fwd_bwd 3.5×",
+            "T",
+        ),
+        Case(
+            "page_attention",
+            ("N", "H", "K", "D", "L", "P"),
+            {"N": 64, "H": 32, "K": 8, "D": 128, "L": 4096, "P": 16},
+            _paged,
+            _decode_bytes,
+            "TB/s",
+            "bytes of K and V read once (N·L·K·D·2) plus Q and O (N·H·D·2), over time",
+            "L",
+        ),
+        Case(
+            "ragged_decode_attention",
+            ("B", "H", "K", "D", "L"),
+            {"B": 64, "H": 32, "K": 8, "D": 128, "L": 4096},
+            _ragged_decode,
+            _decode_bytes,
+            "TB/s",
+            "bytes of K and V read once (B·L·K·D·2) plus Q and O (B·H·D·2), over time",
+            "L",
+        ),
+        Case(
+            "grouped_matmul",
+            ("G", "M", "K", "N"),
+            {"G": 8, "M": 16384, "K": 4096, "N": 4096},
+            _grouped,
+            _grouped_flops,
+            "TFLOP/s",
+            "2·M·K·N; fwd_bwd 3×",
+            "M",
+        ),
+        Case(
+            "gla",
+            ("B", "T", "H", "K", "V"),
+            {"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128},
+            _gla,
+            _linear_flops(0),
+            "TFLOP/s",
+            f"chunked form, chunk C={CHUNK}: 2·B·T·H·(2·K·V + C·(K+V)); fwd_bwd 3×",
+            "T",
+        ),
+        Case(
+            "gated_delta_rule",
+            ("B", "T", "H", "K", "V"),
+            {"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128},
+            _delta,
+            _linear_flops(1),
+            "TFLOP/s",
+            f"chunked form, chunk C={CHUNK}: 2·B·T·H·(3·K·V + C·(K+V)); fwd_bwd 3×",
+            "T",
+        ),
+    )
+}

@@ -1,0 +1,67 @@
+"""Named shape sets: ``ejkernel bench OP --preset NAME`` (a preset also sets passes and dtype unless given)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True)
+class Preset:
+    op: str
+    shapes: tuple[str, ...]
+    passes: tuple[str, ...] = ("fwd", "fwd_bwd")
+    dtype: str = "bfloat16"
+    about: str = ""
+
+
+def _both(*shapes: str) -> tuple[str, ...]:
+    return tuple(f"{s},causal={c}" for s in shapes for c in (0, 1))
+
+
+PRESETS: dict[str, Preset] = {
+    # Was ejkernel-triton/benchmarks/flash_attention_gpu.py (its SHAPES) and the D=256 rows of BENCHMARKS.md.
+    "flash-h200": Preset(
+        "flash_attention",
+        _both("B=2,H=16,T=8192,D=128", "B=2,H=16,T=2048,D=128", "B=2,H=16,T=8192,D=64", "B=2,H=16,T=8192,D=256"),
+        about="flash attention at training sizes, causal and not",
+    ),
+    "flash-seqlen": Preset(
+        "flash_attention",
+        _both(*(f"B={max(1, 16384 // t)},H=16,T={t},D=128" for t in (1024, 2048, 4096, 8192, 16384))),
+        about="flash attention against sequence length at ~fixed tokens per batch (for plots)",
+    ),
+    "serving-decode": Preset(
+        "page_attention",
+        (
+            *(f"N=64,H=32,K=8,D=128,L={n},P=16" for n in (1024, 4096, 8192)),
+            "N=64,H=32,K=8,D=128,L=4096,P=64",  # page size 64
+            "N=64,H=32,K=1,D=128,L=4096,P=16",  # MQA
+            "N=1,H=32,K=8,D=128,L=32768,P=16",  # one long sequence: split-K must fill the SMs
+            "N=256,H=32,K=8,D=128,L=1024,P=16",  # a large batch of short ones
+        ),
+        passes=("fwd",),
+        about="paged decode (the serving issue's shapes): 64 sequences H32 K8 D128 pages of 16, and variations",
+    ),
+    "ragged-decode": Preset(
+        "ragged_decode_attention",
+        tuple(f"B=64,H=32,K=8,D=128,L={n}" for n in (1024, 2048, 4096, 8192)),
+        passes=("fwd",),
+        about="decode over a dense cache with per-row ranges",
+    ),
+    "moe": Preset(
+        "grouped_matmul",
+        ("G=8,M=16384,K=4096,N=4096", "G=64,M=16384,K=4096,N=1024", "G=8,M=8192,K=4096,N=14336"),
+        about="mixture-of-experts grouped matmul",
+    ),
+    "linear-attn": Preset(
+        "gla", ("B=4,T=4096,H=16,K=128,V=128", "B=4,T=1024,H=16,K=128,V=128"), about="gated linear attention"
+    ),
+    "gated-delta": Preset(
+        "gated_delta_rule",
+        ("B=4,T=4096,H=16,K=128,V=128", "B=4,T=1024,H=16,K=128,V=128"),
+        about="the gated delta rule",
+    ),
+    "tiny-cpu": Preset(
+        "flash_attention", ("B=1,H=2,T=64,D=32", "B=1,H=2,T=128,D=32,causal=1"), ("fwd",), "float32", "CI smoke test"
+    ),
+}

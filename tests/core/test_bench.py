@@ -1,0 +1,143 @@
+"""``ejkernel bench``: a CPU run at tiny shapes (XLA implementation, one peer), the results schema, the report
+and plots, and BENCHMARKS.md's generated sections against their results files (a hand edit fails here)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ejkernel.bench import report, schema
+from ejkernel.bench.cases import CASES
+from ejkernel.bench.run import run
+from ejkernel.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+pytest.importorskip("ejkernel_xla", reason="the run tests time ejkernel-xla's implementation")
+
+
+def test_benchmarks_md_matches_its_results_files() -> None:
+    docs = schema.load([ROOT / "benchmarks" / "results"])
+    text = (ROOT / "BENCHMARKS.md").read_text()
+    assert "<!-- bench:begin" in text
+    assert report.update(text, docs) == text, (
+        "BENCHMARKS.md's generated sections differ from benchmarks/results: run "
+        "`ejkernel bench --report benchmarks/results --update BENCHMARKS.md`"
+    )
+
+
+def test_update_rewrites_only_the_sections() -> None:
+    docs = schema.load([ROOT / "benchmarks" / "results"])
+    name = sorted(docs)[0]
+    text = f"prose before\n<!-- bench:begin {name} -->\nstale\n<!-- bench:end {name} -->\nprose after\n"
+    out = report.update(text, docs)
+    assert out.startswith("prose before\n") and out.endswith("prose after\n") and "stale" not in out
+    with pytest.raises(KeyError, match="no results file"):
+        report.update("<!-- bench:begin nope -->\n<!-- bench:end nope -->", docs)
+
+
+def test_run_on_cpu_writes_a_valid_results_file(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    shapes = [CASES["flash_attention"].parse(s) for s in ("B=1,H=2,T=32,D=16", "B=1,H=2,T=64,D=16,causal=1")]
+    doc, path = run(
+        "flash_attention",
+        shapes,
+        impls=["xla"],
+        peers=["jax-xla"],
+        dtype="float32",
+        passes=("fwd", "fwd_bwd"),
+        out_dir=tmp_path,
+        budget_s=0.01,
+        progress=False,
+    )
+    assert path is not None and path.exists()
+    on_disk = json.loads(path.read_text())
+    schema.validate(on_disk)
+    records = on_disk["records"]
+    assert len(records) == 2 * 2 * 2
+    assert {(r["impl"], r["kind"]) for r in records} == {("xla", "implementation"), ("jax-xla", "peer")}
+    for r in records:
+        assert r["status"] == "ok", r
+        assert r["error"] < 1e-4 and r["value"] > 0 and r["seconds"] > 0
+        assert r["metric"] == "TFLOP/s" and "4·B·H·T·S·D" in r["model"]
+        assert r["device"] and r["fingerprint"] and r["commit"] and r["date"] and r["command"]
+    md = report.table(records)
+    assert "| B1 H2 T32 D16 | float32 | fwd |" in md and "jax-xla †" in md
+    pngs = report.plots({path.stem: on_disk}, tmp_path / "plots")
+    assert pngs and all(p.read_bytes()[:4] == b"\x89PNG" for p in pngs)
+
+
+def test_a_wrong_result_fails_and_is_not_timed(tmp_path: Path) -> None:
+    from ejkernel.bench import peers
+
+    wrong = peers.Peer("wrong", "flash_attention", lambda s, i: lambda q, k, v: q * 2)
+    peers.register(wrong)
+    try:
+        doc, _ = run(
+            "flash_attention",
+            [CASES["flash_attention"].parse("B=1,H=1,T=16,D=8")],
+            impls=[],
+            peers=["wrong"],
+            dtype="float32",
+            progress=False,
+        )
+    finally:
+        del peers.PEERS[("flash_attention", "wrong")]
+    (r,) = doc["records"]
+    assert r["status"] == "failed" and "wrong result" in r["reason"] and "value" not in r and r["error"] > 0.1
+
+
+def test_schema_rejects_a_bad_record() -> None:
+    with pytest.raises(schema.SchemaError, match="positive value"):
+        schema.validate(
+            {
+                "schema": schema.SCHEMA,
+                "run": {},
+                "records": [
+                    {
+                        k: "x"
+                        for k in (
+                            "op",
+                            "impl",
+                            "dtype",
+                            "metric",
+                            "model",
+                            "date",
+                            "device",
+                            "fingerprint",
+                            "commit",
+                            "command",
+                        )
+                    }
+                    | {"kind": "peer", "shape": {}, "pass": "fwd", "status": "ok"}
+                ],
+            }
+        )
+
+
+def test_cli_json_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = [
+        "bench",
+        "flash_attention",
+        "--shapes",
+        "1x1x16x8",
+        "--impls",
+        "xla",
+        "--peers",
+        "none",
+        "--dtype",
+        "float32",
+        "--budget-s",
+        "0.01",
+        "--json",
+        "--out",
+        str(tmp_path),
+    ]
+    assert main(argv) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [r["impl"] for r in records] == ["xla"] and records[0]["status"] == "ok"
+    assert main(["bench", "--report", str(tmp_path), "--out", str(tmp_path / "r.md")]) == 0
+    assert "| B1 H1 T16 D8 | float32 | fwd |" in (tmp_path / "r.md").read_text()
+    assert main(["bench", "--presets"]) == 0 and "flash-h200" in capsys.readouterr().out
+    assert main(["bench", "no_such_op"]) == 2
