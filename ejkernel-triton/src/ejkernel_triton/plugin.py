@@ -54,6 +54,53 @@ def _register_attention_block(registry, backend: str, priority: int, name: str) 
         )
 
 
+_SERVING = (  # (op, fwd params, priority offset): the split-K decode kernels (ejkernel_triton._decode)
+    ("page_attention", "PagedDecodeParams", 0),
+    ("ragged_decode_attention", "DenseDecodeParams", 0),
+    # prefill rows still run as decode rows (no flash-style tiles yet): below the XLA implementation (10) on GPUs
+    ("ragged_page_attention", "PagedDecodeParams", -95),
+)
+
+
+def _register_serving(registry, backend: str, priority: int, name: str) -> None:  # noqa: ANN001
+    """The serving ops (forward only: they are not differentiable)."""
+    for op, params, offset in _SERVING:
+        module = f"ejkernel_triton.{op}"
+        registry.register(
+            op,
+            "triton",
+            backend,
+            priority=max(1, priority + offset),
+            name=name,
+            impl=f"{module}:{op}",
+            supports=f"{module}:supports",
+            heuristic_cfg=f"{module}:heuristic_cfg",
+            candidate_cfgs=f"{module}:candidate_cfgs",
+            fwd_params=f"ejkernel_triton._decode:{params}",
+            bwd_params="ejkernel_triton._decode:ForwardOnly",
+            version=__version__,
+        )
+
+
+def _register_grouped_matmul(registry, backend: str, priority: int, name: str) -> None:  # noqa: ANN001
+    """The mixture-of-experts grouped matmul (gmm forward, gmm and tgmm backward), with its own launch params."""
+    module = "ejkernel_triton.grouped_matmul"
+    registry.register(
+        "grouped_matmul",
+        "triton",
+        backend,
+        priority=priority,
+        name=name,
+        impl=f"{module}:grouped_matmul",
+        supports=f"{module}:supports",
+        heuristic_cfg=f"{module}:heuristic_cfg",
+        candidate_cfgs=f"{module}:candidate_cfgs",
+        fwd_params=f"{module}:GmmFwdParams",
+        bwd_params=f"{module}:GmmBwdParams",
+        version=__version__,
+    )
+
+
 @hookimpl
 def ejkernel_register_kernels(registry) -> None:  # noqa: ANN001
     _register_flash_attention(registry, "gpu", 100, "triton")
@@ -62,6 +109,12 @@ def ejkernel_register_kernels(registry) -> None:  # noqa: ANN001
     _register_attention_block(registry, "gpu", 100, "triton")
     if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
         _register_attention_block(registry, "cpu", 1, "triton_interpret")
+    _register_serving(registry, "gpu", 100, "triton")
+    if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
+        _register_serving(registry, "cpu", 1, "triton_interpret")
+    _register_grouped_matmul(registry, "gpu", 100, "triton")
+    if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
+        _register_grouped_matmul(registry, "cpu", 1, "triton_interpret")
 
 
 def _missing_dependency() -> str | None:

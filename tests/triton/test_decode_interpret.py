@@ -1,0 +1,104 @@
+"""ejkernel-triton's split-K decode (``page_attention``, ``ragged_decode_attention``) in Triton's interpreter.
+
+The conformance suites check the contracts; this file checks what is particular to the split-K kernel: launch
+parameters (the clear errors, the generic mapping), the split count on an H200 at batch 1 and 256, the merge with
+more splits than blocks (empty splits), steps of several pages, wide GQA packing, and table entries out of range
+under ``jit`` (clamped, never read outside the cache).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import pytest
+
+if importlib.util.find_spec("triton") is None:
+    pytest.skip("triton is not installed: the Triton interpreter tests need it", allow_module_level=True)
+
+os.environ["EJKERNEL_TRITON_INTERPRET"] = "1"  # before anything imports triton
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+from ejkernel.kernels.params import FwdParams  # noqa: E402
+from ejkernel.testing import reference  # noqa: E402
+
+from ejkernel_triton._decode import DenseDecodeParams, PagedDecodeParams, num_splits  # noqa: E402
+from ejkernel_triton.page_attention import page_attention  # noqa: E402
+from ejkernel_triton.ragged_decode_attention import ragged_decode_attention  # noqa: E402
+
+
+def _paged(rng, lens, page, h, kh, d, dtype=np.float32):
+    m = max(1, -(-max(lens) // page))
+    pages = rng.permutation(len(lens) * m + 3)
+    tables = pages[: len(lens) * m].reshape(len(lens), m).astype(np.int32)
+    kc = rng.standard_normal((len(pages), page, kh, d)).astype(dtype)
+    vc = rng.standard_normal((len(pages), page, kh, d)).astype(dtype)
+    q = rng.standard_normal((len(lens), h, d)).astype(dtype)
+    return q, kc, vc, np.asarray(lens, np.int32), tables
+
+
+def test_params_errors_name_the_field():
+    with pytest.raises(ValueError, match="PagedDecodeParams.pages_per_block"):
+        PagedDecodeParams(pages_per_block=0)
+    with pytest.raises(ValueError, match="PagedDecodeParams.num_warps must be a power of two"):
+        PagedDecodeParams(num_warps=3)
+    with pytest.raises(ValueError, match="DenseDecodeParams.keys_per_block"):
+        DenseDecodeParams(keys_per_block=8)
+    with pytest.raises(ValueError, match="PagedDecodeParams.num_splits"):
+        PagedDecodeParams(num_splits=-1)
+    assert PagedDecodeParams(num_splits=0).num_splits == 0  # 0 = auto
+    assert DenseDecodeParams.from_generic(FwdParams(kv_blocksize=32, num_warps=8)) == DenseDecodeParams(
+        keys_per_block=32, num_warps=8
+    )
+    with pytest.raises(ValueError, match="q_blocksize"):
+        PagedDecodeParams.from_generic(FwdParams(q_blocksize=16))
+
+
+def test_split_count_fills_an_h200():
+    """132 SMs: batch 1 x 32k context splits the context; batch 256 x 1k needs no split."""
+    assert num_splits(1, 8, 32768, 64, sms=132) * 8 >= 4 * 132
+    assert num_splits(256, 8, 1024, 64, sms=132) == 1
+    assert num_splits(64, 8, 4096, 64, sms=132) * 64 * 8 >= 4 * 132
+    assert num_splits(1, 8, 64, 64, sms=132) == 1  # one block: nothing to split
+
+
+@pytest.mark.parametrize(
+    ("page", "pages_per_block", "splits", "h", "kh", "d"),
+    [(8, 4, 7, 16, 2, 64), (16, 1, 1, 8, 1, 128), (4, 8, 3, 4, 4, 32)],
+)
+def test_page_attention_launches_match_reference(page, pages_per_block, splits, h, kh, d):
+    rng = np.random.default_rng(page * 31 + splits)
+    args = _paged(rng, [0, 1, 45, 70, 9], page, h, kh, d)
+    p = PagedDecodeParams(num_splits=splits, pages_per_block=pages_per_block)
+    for kw in ({}, {"sliding_window": 20, "logits_soft_cap": 3.0}):
+        out = jax.jit(lambda *a, kw=kw: page_attention(*a, fwd_params=p, **kw))(*args)
+        want = reference.page_attention(*args, **kw)
+        np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-5, rtol=2e-5)
+        assert np.all(np.asarray(out)[0] == 0)
+
+
+def test_out_of_range_table_entries_are_clamped_under_jit():
+    rng = np.random.default_rng(0)
+    q, kc, vc, lens, tables = _paged(rng, [30, 17], 8, 4, 2, 32)
+    bad = tables.copy()
+    bad[0, 1], bad[1, 0] = 10_000, -5
+    lens_past = np.asarray([30, 10_000], np.int32)  # past M * page: clamped to the table's capacity
+    out = jax.jit(page_attention)(q, kc, vc, lens_past, bad)
+    fixed = np.clip(bad, 0, kc.shape[0] - 1)
+    want = reference.page_attention(q, kc, vc, np.minimum(lens_past, tables.shape[1] * 8), fixed)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-5, rtol=2e-5)
+
+
+def test_ragged_decode_more_splits_than_blocks_bf16():
+    rng = np.random.default_rng(1)
+    b, s, h, kh, d = 3, 50, 8, 1, 64
+    q = jnp.asarray(rng.standard_normal((b, h, d)), jnp.bfloat16)
+    k = jnp.asarray(rng.standard_normal((b, s, kh, d)), jnp.bfloat16)
+    v = jnp.asarray(rng.standard_normal((b, s, kh, d)), jnp.bfloat16)
+    start, end = jnp.asarray([0, 7, 40], jnp.int32), jnp.asarray([50, 9, 45], jnp.int32)
+    out = ragged_decode_attention(q, k, v, start, end, fwd_params=DenseDecodeParams(num_splits=9, keys_per_block=16))
+    want = reference.ragged_decode_attention(q, k, v, start, end)
+    np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32), atol=3e-2, rtol=3e-2)
