@@ -49,8 +49,19 @@ def _stub_xprof() -> None:
     try:
         importlib.import_module("xprof.cli.tools")
     except ImportError:
+
+        def anything(attr: str) -> Any:  # any name tokamax imports (get_kernel_stats_tool, ...): a no-op
+            if attr.startswith("__"):
+                raise AttributeError(attr)
+            return lambda *args, **kwargs: None
+
+        parent = None
         for name in ("xprof", "xprof.cli", "xprof.cli.tools"):
-            sys.modules.setdefault(name, types.ModuleType(name))
+            module = sys.modules.setdefault(name, types.ModuleType(name))
+            module.__getattr__ = anything  # type: ignore[method-assign]
+            if parent is not None:
+                setattr(parent, name.rsplit(".", 1)[1], module)
+            parent = module
 
 
 PEERS: dict[tuple[str, str], Peer] = {}

@@ -67,7 +67,7 @@ def run_child(
         if result.get("fail"):
             return {"status": "failed", "reason": result["fail"]}
         outs = [np.load(Path(d) / f"out{i}.npy") for i in range(result["outputs"])]
-    err = rel_err(outs[0] if pass_ == "fwd" else tuple(outs), ref)
+    err = rel_err(outs[0] if pass_ == "fwd" else tuple(outs), ref if pass_ == "fwd" else ref[1])  # ref: (loss, grads)
     if not err <= tol:
         return {"status": "failed", "error": err, "reason": f"wrong result: relative error {err:.3g} > {tol:g}"}
     seconds = float(result["seconds"])
