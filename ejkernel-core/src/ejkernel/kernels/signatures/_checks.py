@@ -18,6 +18,10 @@ from typing import Any
 import jax
 import numpy as np
 
+# What the public functions' array arguments accept (their annotations: ``Float[ArrayIn, "B T H D"]``): JAX
+# arrays and NumPy arrays alike; what they return is a ``jax.Array``.
+ArrayIn = jax.Array | np.ndarray
+
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 QKV_LAYOUTS = ("[B, T, H, D]", "[B, S, K, D]", "[B, S, K, Dv]")
 

@@ -37,6 +37,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from ejkernel.kernels.signatures._checks import ArrayIn
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import attention_zeros
 from ejkernel.modules.operations.configs import AttentionConfig
@@ -105,18 +106,18 @@ _kernel = Attention()
 
 
 def attention(
-    query: Float[Array, "B T H D"],
-    key: Float[Array, "B S K D"],
-    value: Float[Array, "B S K Dv"],
-    bias: Float[Array, "#B #H T S"] | None = None,
+    query: Float[ArrayIn, "B T H D"],
+    key: Float[ArrayIn, "B S K D"],
+    value: Float[ArrayIn, "B S K Dv"],
+    bias: Float[ArrayIn, "#B #H T S"] | None = None,
     *,
-    attention_mask: Bool[Array, "#B #H T S"] | None = None,
+    attention_mask: Bool[ArrayIn, "#B #H T S"] | None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
     sliding_window: int | tuple[int, int] | None = None,
     logits_soft_cap: float | None = None,
     dropout_prob: float = 0.0,
-    dropout_seed: int | Int[Array, ""] | None = None,
+    dropout_seed: int | Int[ArrayIn, ""] | None = None,
     return_weights: bool = False,
     platform: str | None = None,
     backend: str | None = None,

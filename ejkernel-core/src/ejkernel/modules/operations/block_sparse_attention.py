@@ -53,6 +53,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
 from ejkernel.kernels.signatures._checks import (
+    ArrayIn,
     check_bool,
     check_query_key_value,
     check_scale,
@@ -225,13 +226,13 @@ _kernel = BlockSparseAttention()
 
 
 def block_sparse_attention(
-    query: Float[Array, "B T H D"],
-    key: Float[Array, "B S K D"],
-    value: Float[Array, "B S K Dv"],
+    query: Float[ArrayIn, "B T H D"],
+    key: Float[ArrayIn, "B S K D"],
+    value: Float[ArrayIn, "B S K Dv"],
     *,
-    block_mask: Bool[Array, "#B #H NQ NK"] | None = None,
-    q_segment_ids: Int[Array, "B T"] | None = None,
-    kv_segment_ids: Int[Array, "B S"] | None = None,
+    block_mask: Bool[ArrayIn, "#B #H NQ NK"] | None = None,
+    q_segment_ids: Int[ArrayIn, "B T"] | None = None,
+    kv_segment_ids: Int[ArrayIn, "B S"] | None = None,
     q_block: int = 64,
     kv_block: int = 64,
     local_blocks: int | tuple[int, int] | None = None,

@@ -39,6 +39,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from ejkernel.kernels.signatures._attention import normalize_window, seed_from_query
 from ejkernel.kernels.signatures._checks import (
+    ArrayIn,
     check_bool,
     check_cu_seqlens,
     check_float,
@@ -164,22 +165,22 @@ _kernel = FlashAttention()
 
 
 def flash_attention(
-    query: Float[Array, "B T H D"],
-    key: Float[Array, "B S K D"],
-    value: Float[Array, "B S K Dv"],
-    bias: Float[Array, "#B #H T S"] | None = None,
+    query: Float[ArrayIn, "B T H D"],
+    key: Float[ArrayIn, "B S K D"],
+    value: Float[ArrayIn, "B S K Dv"],
+    bias: Float[ArrayIn, "#B #H T S"] | None = None,
     *,
-    attention_mask: Bool[Array, "#B #H T S"] | None = None,
-    q_segment_ids: Int[Array, "B T"] | None = None,
-    kv_segment_ids: Int[Array, "B S"] | None = None,
+    attention_mask: Bool[ArrayIn, "#B #H T S"] | None = None,
+    q_segment_ids: Int[ArrayIn, "B T"] | None = None,
+    kv_segment_ids: Int[ArrayIn, "B S"] | None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
     sliding_window: int | tuple[int, int] | None = None,
     logits_soft_cap: float | None = None,
     dropout_prob: float = 0.0,
-    dropout_seed: int | Int[Array, ""] | None = None,
-    cu_seqlens_q: Int[Array, "N+1"] | None = None,
-    cu_seqlens_k: Int[Array, "N+1"] | None = None,
+    dropout_seed: int | Int[ArrayIn, ""] | None = None,
+    cu_seqlens_q: Int[ArrayIn, "N+1"] | None = None,
+    cu_seqlens_k: Int[ArrayIn, "N+1"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: FlashAttentionConfig | None = None,

@@ -68,6 +68,7 @@ from jaxtyping import Array, Float, Int
 from ejkernel.kernels.signatures import DISPATCH_ONLY
 from ejkernel.kernels.signatures._attention import default_positions, normalize_window
 from ejkernel.kernels.signatures._checks import (
+    ArrayIn,
     check_bool,
     check_query_key_value,
     check_scale,
@@ -256,14 +257,14 @@ _block.defvjp(_block_fwd, _block_bwd)
 
 
 def flash_attention_block(
-    query: Float[Array, "B T H D"],
-    key: Float[Array, "B S K D"],
-    value: Float[Array, "B S K Dv"],
+    query: Float[ArrayIn, "B T H D"],
+    key: Float[ArrayIn, "B S K D"],
+    value: Float[ArrayIn, "B S K Dv"],
     *,
-    q_positions: Int[Array, "T"] | None = None,
-    kv_positions: Int[Array, "S"] | None = None,
-    q_segment_ids: Int[Array, "B T"] | None = None,
-    kv_segment_ids: Int[Array, "B S"] | None = None,
+    q_positions: Int[ArrayIn, "T"] | None = None,
+    kv_positions: Int[ArrayIn, "S"] | None = None,
+    q_segment_ids: Int[ArrayIn, "B T"] | None = None,
+    kv_segment_ids: Int[ArrayIn, "B S"] | None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
     sliding_window: int | tuple[int, int] | None = None,
@@ -316,14 +317,14 @@ def flash_attention_block(
 
 
 def flash_attention_block_bwd(
-    query: Float[Array, "B T H D"],
-    key: Float[Array, "B S K D"],
-    value: Float[Array, "B S K Dv"],
-    out: Float[Array, "B T H Dv"],
-    lse: Float[Array, "B H T"],
-    dout: Float[Array, "B T H Dv"],
+    query: Float[ArrayIn, "B T H D"],
+    key: Float[ArrayIn, "B S K D"],
+    value: Float[ArrayIn, "B S K Dv"],
+    out: Float[ArrayIn, "B T H Dv"],
+    lse: Float[ArrayIn, "B H T"],
+    dout: Float[ArrayIn, "B T H Dv"],
     *,
-    dlse: Float[Array, "B H T"] | None = None,
+    dlse: Float[ArrayIn, "B H T"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: FlashAttentionBlockBwdConfig | None = None,

@@ -37,7 +37,7 @@ import jax
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels.signatures._checks import check_bool, check_float_array
+from ejkernel.kernels.signatures._checks import ArrayIn, check_bool, check_float_array
 from ejkernel.kernels.signatures._linear_attention import check_gate, check_qkv, check_state_options
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import linear_attention_zeros
@@ -110,16 +110,16 @@ _kernel = GatedDeltaRule()
 
 
 def gated_delta_rule(
-    q: Float[Array, "B T H K"],
-    k: Float[Array, "B T H K"],
-    v: Float[Array, "B T H V"],
-    g: Float[Array, "B T H"],
-    beta: Float[Array, "B T H"],
+    q: Float[ArrayIn, "B T H K"],
+    k: Float[ArrayIn, "B T H K"],
+    v: Float[ArrayIn, "B T H V"],
+    g: Float[ArrayIn, "B T H"],
+    beta: Float[ArrayIn, "B T H"],
     *,
     scale: float | None = None,
-    initial_state: Float[Array, "B_or_N H K V"] | None = None,
+    initial_state: Float[ArrayIn, "B_or_N H K V"] | None = None,
     output_final_state: bool = False,
-    cu_seqlens: Int[Array, "N+1"] | None = None,
+    cu_seqlens: Int[ArrayIn, "N+1"] | None = None,
     use_qk_l2norm: bool = False,
     platform: str | None = None,
     backend: str | None = None,

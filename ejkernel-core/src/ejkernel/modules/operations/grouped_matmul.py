@@ -31,6 +31,7 @@ from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.signatures._checks import (
     FLOAT_DTYPES,
+    ArrayIn,
     check_bool,
     check_float_array,
     check_same_dtype,
@@ -125,9 +126,9 @@ _kernel = GroupedMatmul()
 
 
 def grouped_matmul(
-    lhs: Float[Array, "M K"],
-    rhs: Float[Array, "G K N"],
-    group_sizes: Int[Array, "G"],
+    lhs: Float[ArrayIn, "M K"],
+    rhs: Float[ArrayIn, "G K N"],
+    group_sizes: Int[ArrayIn, "G"],
     *,
     transpose_rhs: bool = False,
     preferred_element_type: Any = None,

@@ -39,6 +39,7 @@ from typing import Any
 import jax
 from jaxtyping import Array, Float, Int
 
+from ejkernel.kernels.signatures._checks import ArrayIn
 from ejkernel.kernels.signatures._linear_attention import check_gate, check_qkv, check_state_options
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import linear_attention_zeros
@@ -90,15 +91,15 @@ _kernel = LightningAttn()
 
 
 def lightning_attn(
-    q: Float[Array, "B T H K"],
-    k: Float[Array, "B T H K"],
-    v: Float[Array, "B T H V"],
-    slope: Float[Array, "H"],
+    q: Float[ArrayIn, "B T H K"],
+    k: Float[ArrayIn, "B T H K"],
+    v: Float[ArrayIn, "B T H V"],
+    slope: Float[ArrayIn, "H"],
     *,
     scale: float | None = None,
-    initial_state: Float[Array, "B_or_N H K V"] | None = None,
+    initial_state: Float[ArrayIn, "B_or_N H K V"] | None = None,
     output_final_state: bool = False,
-    cu_seqlens: Int[Array, "N+1"] | None = None,
+    cu_seqlens: Int[ArrayIn, "N+1"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: LightningAttnConfig | None = None,

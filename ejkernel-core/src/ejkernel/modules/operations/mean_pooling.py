@@ -26,7 +26,7 @@ import jax
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels.signatures._checks import check_cu_seqlens, check_float_array
+from ejkernel.kernels.signatures._checks import ArrayIn, check_cu_seqlens, check_float_array
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import zeros_if_empty
 from ejkernel.modules.operations.configs import MeanPoolingConfig
@@ -63,9 +63,9 @@ _kernel = MeanPooling()
 
 
 def mean_pooling(
-    x: Float[Array, "B T D"],
+    x: Float[ArrayIn, "B T D"],
     *,
-    cu_seqlens: Int[Array, "N+1"] | None = None,
+    cu_seqlens: Int[ArrayIn, "N+1"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: MeanPoolingConfig | None = None,

@@ -45,6 +45,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.signatures._checks import (
+    ArrayIn,
     check_bool,
     check_float,
     check_float_array,
@@ -173,14 +174,14 @@ _kernel = MultiHeadLatentAttention()
 
 
 def multi_head_latent_attention(
-    query: Float[Array, "B T H D"],
-    kv: Float[Array, "B S D"] | Float[Array, "P page D"],
+    query: Float[ArrayIn, "B T H D"],
+    kv: Float[ArrayIn, "B S D"] | Float[ArrayIn, "P page D"],
     *,
     latent_dim: int | None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
-    block_tables: Int[Array, "B maxp"] | None = None,
-    cache_seqlens: Int[Array, "B"] | None = None,
+    block_tables: Int[ArrayIn, "B maxp"] | None = None,
+    cache_seqlens: Int[ArrayIn, "B"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: MultiHeadLatentAttentionConfig | None = None,

@@ -46,6 +46,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.signatures._checks import (
+    ArrayIn,
     check_bool,
     check_float,
     check_query_key_value,
@@ -163,15 +164,15 @@ _kernel = NativeSparseAttention()
 
 
 def native_sparse_attention(
-    query: Float[Array, "B T H D"],
-    key: Float[Array, "B S K D"],
-    value: Float[Array, "B S K Dv"],
-    block_indices: Int[Array, "B T K N"],
+    query: Float[ArrayIn, "B T H D"],
+    key: Float[ArrayIn, "B S K D"],
+    value: Float[ArrayIn, "B S K Dv"],
+    block_indices: Int[ArrayIn, "B T K N"],
     *,
-    block_counts: int | Int[Array, "B T K"] | None = None,
-    g_slc: Float[Array, "B T H"] | None = None,
-    g_cmp: Float[Array, "B T H"] | None = None,
-    g_swa: Float[Array, "B T H"] | None = None,
+    block_counts: int | Int[ArrayIn, "B T K"] | None = None,
+    g_slc: Float[ArrayIn, "B T H"] | None = None,
+    g_cmp: Float[ArrayIn, "B T H"] | None = None,
+    g_swa: Float[ArrayIn, "B T H"] | None = None,
     block_size: int = 64,
     window_size: int = 0,
     softmax_scale: float | None = None,

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels.signatures._checks import check_pages, check_values, shape
+from ejkernel.kernels.signatures._checks import ArrayIn, check_pages, check_values, shape
 from ejkernel.kernels.signatures._serving import (
     check_int,
     check_options,
@@ -111,11 +111,11 @@ _kernel = PageAttention()
 
 
 def page_attention(
-    query: Float[Array, "N H D"],
-    key_cache: Float[Array, "P page K D"],
-    value_cache: Float[Array, "P page K Dv"],
-    context_lens: Int[Array, "N"],
-    block_tables: Int[Array, "N M"],
+    query: Float[ArrayIn, "N H D"],
+    key_cache: Float[ArrayIn, "P page K D"],
+    value_cache: Float[ArrayIn, "P page K Dv"],
+    context_lens: Int[ArrayIn, "N"],
+    block_tables: Int[ArrayIn, "N M"],
     *,
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,

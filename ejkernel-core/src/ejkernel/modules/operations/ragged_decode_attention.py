@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels.signatures._checks import check_query_key_value
+from ejkernel.kernels.signatures._checks import ArrayIn, check_query_key_value
 from ejkernel.kernels.signatures._serving import check_int, check_options, normalize_options, refuse_gradients
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import attention_zeros
@@ -86,11 +86,11 @@ _kernel = RaggedDecodeAttention()
 
 
 def ragged_decode_attention(
-    query: Float[Array, "B H D"],
-    key: Float[Array, "B S K D"],
-    value: Float[Array, "B S K Dv"],
-    sequence_start: Int[Array, "B"],
-    sequence_end: Int[Array, "B"],
+    query: Float[ArrayIn, "B H D"],
+    key: Float[ArrayIn, "B S K D"],
+    value: Float[ArrayIn, "B S K Dv"],
+    sequence_start: Int[ArrayIn, "B"],
+    sequence_end: Int[ArrayIn, "B"],
     *,
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,

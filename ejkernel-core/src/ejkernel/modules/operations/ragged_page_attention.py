@@ -45,7 +45,15 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels.signatures._checks import check_offsets, check_pages, check_values, describe, is_int_array, shape
+from ejkernel.kernels.signatures._checks import (
+    ArrayIn,
+    check_offsets,
+    check_pages,
+    check_values,
+    describe,
+    is_int_array,
+    shape,
+)
 from ejkernel.kernels.signatures._serving import (
     check_int,
     check_options,
@@ -168,13 +176,13 @@ _kernel = RaggedPageAttention()
 
 
 def ragged_page_attention(
-    query: Float[Array, "T H D"],
-    key_cache: Float[Array, "P page K D"],
-    value_cache: Float[Array, "P page K Dv"],
-    kv_lens: Int[Array, "S"],
-    block_tables: Int[Array, "S M"],
-    cu_q_lens: Int[Array, "S+1"],
-    num_seqs: Int[Array, "1"] | int,
+    query: Float[ArrayIn, "T H D"],
+    key_cache: Float[ArrayIn, "P page K D"],
+    value_cache: Float[ArrayIn, "P page K Dv"],
+    kv_lens: Int[ArrayIn, "S"],
+    block_tables: Int[ArrayIn, "S M"],
+    cu_q_lens: Int[ArrayIn, "S+1"],
+    num_seqs: Int[ArrayIn, "1"] | int,
     *,
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,

@@ -52,6 +52,7 @@ from jaxtyping import Array, Float, Int
 from ejkernel.kernels.registry import Implementation
 from ejkernel.kernels.signatures._attention import normalize_window
 from ejkernel.kernels.signatures._checks import (
+    ArrayIn,
     check_bool,
     check_query_key_value,
     check_scale,
@@ -205,12 +206,12 @@ _kernel = RingAttention()
 
 
 def ring_attention(
-    query: Float[Array, "B T H D"],
-    key: Float[Array, "B S K D"],
-    value: Float[Array, "B S K Dv"],
+    query: Float[ArrayIn, "B T H D"],
+    key: Float[ArrayIn, "B S K D"],
+    value: Float[ArrayIn, "B S K Dv"],
     *,
-    q_segment_ids: Int[Array, "B T"] | None = None,
-    kv_segment_ids: Int[Array, "B S"] | None = None,
+    q_segment_ids: Int[ArrayIn, "B T"] | None = None,
+    kv_segment_ids: Int[ArrayIn, "B S"] | None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
     sliding_window: int | tuple[int, int] | None = None,

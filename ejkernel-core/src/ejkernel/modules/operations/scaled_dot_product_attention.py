@@ -43,6 +43,7 @@ from jaxtyping import Array, Bool, Float, Int
 
 from ejkernel.kernels.signatures._attention import normalize_window
 from ejkernel.kernels.signatures._checks import (
+    ArrayIn,
     check_bool,
     check_float,
     check_query_key_value,
@@ -132,16 +133,16 @@ _kernel = ScaledDotProductAttention()
 
 
 def scaled_dot_product_attention(
-    query: Float[Array, "B T N H"],
-    key: Float[Array, "B S K H"],
-    value: Float[Array, "B S K Hv"],
-    bias: Float[Array, "#B #N #T #S"] | None = None,
-    mask: Bool[Array, "#B #N #T #S"] | None = None,
+    query: Float[ArrayIn, "B T N H"],
+    key: Float[ArrayIn, "B S K H"],
+    value: Float[ArrayIn, "B S K Hv"],
+    bias: Float[ArrayIn, "#B #N #T #S"] | None = None,
+    mask: Bool[ArrayIn, "#B #N #T #S"] | None = None,
     *,
     scale: float | None = None,
     is_causal: bool = False,
-    query_seq_lengths: Int[Array, "B"] | None = None,
-    key_value_seq_lengths: Int[Array, "B"] | None = None,
+    query_seq_lengths: Int[ArrayIn, "B"] | None = None,
+    key_value_seq_lengths: Int[ArrayIn, "B"] | None = None,
     local_window_size: int | tuple[int, int] | None = None,
     platform: str | None = None,
     backend: str | None = None,
