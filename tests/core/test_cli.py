@@ -38,6 +38,30 @@ def test_info_lists_versions_device_plugins_matrix_and_cache(isolated_cache):
         assert needle in out, (needle, out)
 
 
+def test_info_json_is_the_same_report_as_data(isolated_cache):
+    PersistentCache(isolated_cache).put(
+        fingerprint_id(), "flash_attention", "fwd|k", {"impl": "xla:any", "params": {}}, {}
+    )
+    run = ejkernel("info", "--json", cache_dir=isolated_cache)
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(run.stdout)
+    assert set(doc) == {"versions", "device", "fingerprint", "autotune_policy", "plugins", "ops", "cache"}
+    assert doc["versions"]["ejkernel-core"] == "0.1.0" and doc["fingerprint"]["id"] == fingerprint_id()
+    assert doc["cache"] == {"root": str(isolated_cache), "files": 1, "entries": 1}
+    from ejkernel.kernels import OPS, kernel_registry
+
+    assert set(doc["ops"]) == set(kernel_registry.algorithms()) <= set(OPS)
+    for op, entry in doc["ops"].items():
+        here = [i for i in entry["implementations"] if i["runs_here"]]
+        assert entry["preferred"] == (max(here, key=lambda i: i["priority"])["name"] if here else None), op
+    loaded = {p["name"] for p in doc["plugins"] if p["status"] == "loaded"}
+    for p in doc["plugins"]:
+        want = sum(i["plugin"] == p["name"] for e in doc["ops"].values() for i in e["implementations"])
+        assert p["implementations"] == want, p
+    if "xla" in loaded and doc["device"]["backend"] == "cpu":  # interpreted kernels register below XLA
+        assert doc["ops"]["flash_attention"]["preferred"] == "xla"
+
+
 def test_cache_export_clear_import_roundtrip(isolated_cache, tmp_path):
     cache = PersistentCache(isolated_cache)
     cache.put(

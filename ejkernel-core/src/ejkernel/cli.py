@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 
 def _version(dist: str) -> str:
@@ -21,7 +22,11 @@ def _version(dist: str) -> str:
         return "not installed"
 
 
-def cmd_info(args: argparse.Namespace) -> int:
+def info_document() -> dict[str, Any]:
+    """What ``ejkernel info`` reports, as data (``ejkernel info --json`` prints it; its keys are stable):
+    ``versions``, ``device``, ``fingerprint``, ``autotune_policy``, ``plugins`` (one record each),
+    ``ops`` (op -> its implementations, each with ``runs_here``, and ``preferred``: the runnable one of
+    highest priority, which the chain starts from) and ``cache``."""
     import jax
 
     from ejkernel import __version__
@@ -31,51 +36,112 @@ def cmd_info(args: argparse.Namespace) -> int:
     from ejkernel.ops.config.chain import default_chain
     from ejkernel.plugins import plugin_records
 
-    out = []
-    out.append(
-        f"ejkernel-core {__version__}   jax {jax.__version__}   jaxlib {_version('jaxlib')}   python {sys.version.split()[0]}"
-    )
+    backend = current_backend()
     fp = device_fingerprint()
-    out.append(
-        f"device: {fp['device_kind']} ({fp['platform']}, {len(jax.devices())} device(s))   backend: {current_backend()}"
-    )
-    out.append(f"fingerprint: {fingerprint_id()}  {json.dumps(fp, sort_keys=True)}")
-    out.append(f"autotune policy: {autotune_policy()}   (EJKERNEL_AUTOTUNE_POLICY)")
-    out.append("")
-    records = plugin_records()
-    out.append("plugins:" if records else "plugins: none installed (pip install ejkernel-xla runs everywhere)")
-    impls = [i for op in kernel_registry.algorithms() for i in kernel_registry.implementations(op, backend="all")]
-    for r in records:
-        ver = f"{r.distribution or r.name} {r.version or ''}".strip()
-        line = f"  {r.name:<10} {r.status:<9} {ver}"
-        if r.status == "loaded":
-            n = sum(i.plugin == r.name for i in impls)
-            line += f"   {n} implementation{'' if n == 1 else 's'}"
-        if r.status == "loaded" and r.info is not None:
-            line += f"   platforms={','.join(r.info.platforms)}   runs here: {'yes' if r.info.available else 'no'}"
-            if r.info.reason:
-                line += f" ({r.info.reason})"
+    ops: dict[str, Any] = {}
+    for op in kernel_registry.algorithms():
+        every = kernel_registry.implementations(op, backend="all")
+        here = [i for i in every if i.runs_on(backend)]
+        ops[op] = {
+            "implementations": [
+                {
+                    "name": i.name,
+                    "platform": i.platform,
+                    "backend": i.backend,
+                    "plugin": i.plugin,
+                    "priority": i.priority,
+                    "runs_here": i.runs_on(backend),
+                }
+                for i in every
+            ],
+            "preferred": max(here, key=lambda i: i.priority).name if here else None,
+        }
+    plugins = []
+    for r in plugin_records():
+        record: dict[str, Any] = {
+            "name": r.name,
+            "status": r.status,
+            "distribution": r.distribution,
+            "version": r.version,
+            "implementations": sum(
+                len([i for i in o["implementations"] if i["plugin"] == r.name]) for o in ops.values()
+            ),
+        }
+        if r.info is not None:
+            record.update(platforms=list(r.info.platforms), runs_here=r.info.available, reason=r.info.reason)
         if r.error:
-            line += f"   {r.error}"
+            record["error"] = r.error
+        plugins.append(record)
+    cache = default_chain().persistent
+    return {
+        "versions": {
+            "ejkernel-core": __version__,
+            "jax": jax.__version__,
+            "jaxlib": _version("jaxlib"),
+            "python": sys.version.split()[0],
+        },
+        "device": {
+            "kind": fp["device_kind"],
+            "platform": fp["platform"],
+            "count": len(jax.devices()),
+            "backend": backend,
+        },
+        "fingerprint": {"id": fingerprint_id(), **fp},
+        "autotune_policy": autotune_policy(),
+        "plugins": plugins,
+        "ops": ops,
+        "cache": {"root": str(cache.root), "files": len(cache.files()), "entries": len(cache.entries())},
+    }
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    doc = info_document()
+    if args.json:
+        print(json.dumps(doc, indent=2, sort_keys=True))
+        return 0
+    v, dev = doc["versions"], doc["device"]
+    fp = {k: val for k, val in doc["fingerprint"].items() if k != "id"}
+    out = [
+        f"ejkernel-core {v['ejkernel-core']}   jax {v['jax']}   jaxlib {v['jaxlib']}   python {v['python']}",
+        f"device: {dev['kind']} ({dev['platform']}, {dev['count']} device(s))   backend: {dev['backend']}",
+        f"fingerprint: {doc['fingerprint']['id']}  {json.dumps(fp, sort_keys=True)}",
+        f"autotune policy: {doc['autotune_policy']}   (EJKERNEL_AUTOTUNE_POLICY)",
+        "",
+    ]
+    plugins = doc["plugins"]
+    out.append("plugins:" if plugins else "plugins: none installed (pip install ejkernel-xla runs everywhere)")
+    for r in plugins:
+        ver = f"{r['distribution'] or r['name']} {r['version'] or ''}".strip()
+        line = f"  {r['name']:<10} {r['status']:<9} {ver}"
+        if r["status"] == "loaded":
+            n = r["implementations"]
+            line += f"   {n} implementation{'' if n == 1 else 's'}"
+        if r["status"] == "loaded" and "platforms" in r:
+            line += f"   platforms={','.join(r['platforms'])}   runs here: {'yes' if r['runs_here'] else 'no'}"
+            if r["reason"]:
+                line += f" ({r['reason']})"
+        if r.get("error"):
+            line += f"   {r['error']}"
         out.append(line)
     out.append("")
-    backend = current_backend()
-    ops = kernel_registry.algorithms()
-    platforms = sorted({i.platform for op in ops for i in kernel_registry.implementations(op, backend="all")})
+    backend, ops = dev["backend"], doc["ops"]
+    platforms = sorted({i["platform"] for o in ops.values() for i in o["implementations"]})
     out.append(
         f"ops x platforms: the implementations by name ('*' = runs on this {backend} device; "
         "others name their backend); platform= takes a name or a platform:"
     )
     if platforms:
-        cells_of = {}
-        for op in ops:
-            every = kernel_registry.implementations(op, backend="all")
-            cells_of[op] = [
+        cells_of = {
+            op: [
                 " ".join(
-                    ("*" + i.name) if i.runs_on(backend) else f"{i.name}({i.backend})" for i in every if i.platform == p
+                    ("*" + i["name"]) if i["runs_here"] else f"{i['name']}({i['backend']})"
+                    for i in o["implementations"]
+                    if i["platform"] == p
                 )
                 for p in platforms
             ]
+            for op, o in ops.items()
+        }
         widths = [max([len(p), *(len(cells_of[op][j]) for op in ops)]) + 2 for j, p in enumerate(platforms)]
         width = max(len(op) for op in ops) + 2
         out.append(("  " + "op".ljust(width) + "".join(p.ljust(w) for p, w in zip(platforms, widths))).rstrip())
@@ -83,11 +149,11 @@ def cmd_info(args: argparse.Namespace) -> int:
             out.append("  " + op.ljust(width) + "".join(c.ljust(w) for c, w in zip(cells_of[op], widths)).rstrip())
     else:
         out.append("  (no implementations installed)")
-    cache = default_chain().persistent
-    files = cache.files()
-    n = len(cache.entries())
+    c = doc["cache"]
     out.append("")
-    out.append(f"config cache: {cache.root}   {len(files)} file(s), {n} entr{'y' if n == 1 else 'ies'}")
+    out.append(
+        f"config cache: {c['root']}   {c['files']} file(s), {c['entries']} entr{'y' if c['entries'] == 1 else 'ies'}"
+    )
     print("\n".join(out))
     return 0
 
@@ -205,9 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="ejkernel", description="ejkernel: what is installed, what runs, tuned configs"
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("info", help="versions, device, plugins, the op x platform matrix, cache").set_defaults(
-        func=cmd_info
-    )
+    info = sub.add_parser("info", help="versions, device, plugins, the op x platform matrix, cache")
+    info.add_argument("--json", action="store_true", help="the same as one JSON document (for scripts)")
+    info.set_defaults(func=cmd_info)
     cache = sub.add_parser("cache", help="list, clear, export or import tuned configs")
     cache_sub = cache.add_subparsers(dest="action", required=True)
     cache_sub.add_parser("list", help="every tuned config on disk")
