@@ -98,6 +98,7 @@ def _pytest(
 def tests(session: nox.Session) -> None:
     """The core and every plugin, editable: the doctests of the core and README.md, then the whole test suite."""
     _install(session, "core", *PLUGINS, editable=True, extras="all")
+    session.install("flax", "equinox")
     if not session.posargs:  # the doctests first: they take seconds, the suite minutes
         _pytest(
             session,

@@ -34,6 +34,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
@@ -65,9 +66,18 @@ def _check_broadcastable(name: str, x: Any, full: tuple[int, int, int, int]) -> 
     got = shape(x)
     if len(got) != 4 or any(g not in (1, f) for g, f in zip(got[:2], full[:2])) or got[2:] != full[2:]:
         raise ValueError(
-            f"{OP}: {name} must have shape [B|1, H|1, T, S] = [{full[0]}|1, {full[1]}|1, {full[2]}, {full[3]}], "
+            f"{OP}: {name} must have shape [B|1, H|1, T|1, S] = [{full[0]}|1, {full[1]}|1, {full[2]}|1, {full[3]}], "
             f"got {list(got)}"
         )
+
+
+def _rows_broadcast(x: Any, query: Any, key: Any) -> Any:
+    """``x`` ``[B|1, H|1, 1, S]`` broadcast over the query rows to ``[B|1, H|1, T, S]``; anything else as given
+    (a wrong shape is reported by ``validate`` as the caller passed it)."""
+    got, q, k = (shape(a) if a is not None else () for a in (x, query, key))
+    if len(got) != 4 or len(q) != 4 or len(k) != 4 or got[2] != 1 or q[1] == 1 or got[3] != k[1]:
+        return x
+    return jnp.broadcast_to(x, (*got[:2], q[1], got[3]))
 
 
 def validate(
@@ -168,9 +178,9 @@ def flash_attention(
     query: Float[ArrayIn, "B T H D"],
     key: Float[ArrayIn, "B S K D"],
     value: Float[ArrayIn, "B S K Dv"],
-    bias: Float[ArrayIn, "#B #H T S"] | None = None,
+    bias: Float[ArrayIn, "#B #H #T S"] | None = None,
     *,
-    attention_mask: Bool[ArrayIn, "#B #H T S"] | None = None,
+    attention_mask: Bool[ArrayIn, "#B #H #T S"] | None = None,
     q_segment_ids: Int[ArrayIn, "B T"] | None = None,
     kv_segment_ids: Int[ArrayIn, "B S"] | None = None,
     softmax_scale: float | None = None,
@@ -197,8 +207,9 @@ def flash_attention(
         query: ``[B, T, H, D]``.
         key: ``[B, S, K, D]``.
         value: ``[B, S, K, Dv]``.
-        bias: added to the scaled scores, broadcastable ``[B|1, H|1, T, S]``; differentiable.
-        attention_mask: boolean ``[B|1, H|1, T, S]``, True where a query may attend a key.
+        bias: added to the scaled scores, broadcastable ``[B|1, H|1, T|1, S]``; differentiable.
+        attention_mask: boolean ``[B|1, H|1, T|1, S]``, True where a query may attend a key (``T`` = 1: a
+            key-padding mask, the same for every query row).
         q_segment_ids, kv_segment_ids: ``[B, T]`` and ``[B, S]`` ints; attend only within equal ids.
         softmax_scale: scale of the scores, default ``D ** -0.5``.
         causal: query i attends keys ``j <= i + S - T`` (bottom-right aligned, as FlashAttention 2).
@@ -231,6 +242,8 @@ def flash_attention(
     >>> flash_attention(q, k, v, causal=True).shape
     (2, 128, 8, 64)
     """
+    # A key-padding mask or bias ``[B|1, H|1, 1, S]`` (as Flax and jax.nn take it) applies to every query row.
+    bias, attention_mask = (_rows_broadcast(x, query, key) for x in (bias, attention_mask))
     arrays = {
         "query": query,
         "key": key,
