@@ -14,6 +14,8 @@
   since only it interprets the Mosaic TPU kernels through them.
 - ``lint``: ``ruff format --check``, ``ruff check`` and ``mypy`` (configured in pyproject.toml).
 - ``demo``: the core and the XLA plugin; runs demo/transformer_block.py, then ``ejkernel info``.
+- ``docs``: builds the documentation site (mkdocs.yml: docs/ and the API reference generated from the
+  docstrings) with warnings as errors; ``mkdocs serve`` browses it locally.
 
 Arguments after ``--`` replace the default pytest arguments, e.g. ``nox -s xla -- tests/core -x``.
 Virtual environments are reused between runs (``nox -R`` skips the installs; ``--reuse-venv=no``,
@@ -50,6 +52,8 @@ TEST_ENV = {
 # ``tests`` directly, at shapes the conformance suites do not cover).
 PLUGIN_ENV = {"pallas": {"EJKERNEL_PALLAS_INTERPRET": "1"}}
 LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1")
+# The documentation site (mkdocs.yml); ruff formats the API reference's signatures.
+DOCS_TOOLS = ("mkdocs==1.6.1", "mkdocstrings[python]==1.0.8", "mkdocstrings-python==2.0.11", LINT_TOOLS[0])
 
 
 def _install(session: nox.Session, *distributions: str, editable: bool, extras: str = "") -> None:
@@ -161,3 +165,13 @@ def demo(session: nox.Session) -> None:
     _install(session, "core", "xla", editable=True)
     session.run("python", "demo/transformer_block.py")
     session.run("ejkernel", "info")
+
+
+@nox.session(python=PYTHON)
+def docs(session: nox.Session) -> None:
+    """The documentation site, built from docs/ and the docstrings (mkdocstrings) with warnings as errors."""
+    session.install(*DOCS_TOOLS)
+    _install(session, "core", *PLUGINS, editable=True)
+    site = Path(session.create_tmp()) / "site"
+    session.run("mkdocs", "build", "--strict", "--site-dir", str(site))
+    session.log(f"site built in {site}; `mkdocs serve` browses it locally")
