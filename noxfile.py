@@ -46,6 +46,8 @@ CONFORMANCE = {"xla": SMOKE, "triton": ("--ejkernel-backend=gpu", *SMOKE), "pall
 TEST_ENV = {
     "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
     "EJKERNEL_TRITON_INTERPRET": "1",
+    # An annotation that refuses a call the op's contract accepts fails the test (users get a warning).
+    "EJKERNEL_TYPECHECK": "strict",
 }
 # Per plugin session: Pallas's TPU kernels register for the CPU too, and run in JAX's TPU interpret mode.
 # Only there: interpreting them is slow, and once per CI run is enough (``tests/pallas`` runs them in
@@ -102,7 +104,7 @@ def _pytest(
 def tests(session: nox.Session) -> None:
     """The core and every plugin, editable: the doctests of the core and README.md, then the whole test suite."""
     _install(session, "core", *PLUGINS, editable=True, extras="all")
-    session.install("flax", "equinox")
+    session.install("flax", "equinox", "pytest-xdist")
     if not session.posargs:  # the doctests first: they take seconds, the suite minutes
         _pytest(
             session,
@@ -114,7 +116,9 @@ def tests(session: nox.Session) -> None:
             "README.md",
             expect=None,
         )
-    _pytest(session, "tests", expect=PLUGINS)
+    # Two workers: the suite is one Python thread at a time (Triton's interpreter, XLA's compiler), and CI's
+    # second core is free once the other lane's shorter sessions are done. Every test has its own cache dir.
+    _pytest(session, "-n", "2", "tests", expect=PLUGINS)
 
 
 @nox.session(python=PYTHON)

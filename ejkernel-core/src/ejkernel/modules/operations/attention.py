@@ -40,8 +40,10 @@ from jaxtyping import Array, Bool, Float, Int
 from ejkernel.kernels.signatures._checks import ArrayIn
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import attention_zeros
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import AttentionConfig
 from ejkernel.modules.operations.flash_attention import _kernel as _flash_kernel
+from ejkernel.modules.operations.flash_attention import _rows_broadcast
 from ejkernel.modules.operations.flash_attention import validate as validate_flash_attention
 from ejkernel.ops import Kernel
 
@@ -105,13 +107,14 @@ class Attention(Kernel[AttentionConfig]):
 _kernel = Attention()
 
 
+@checked
 def attention(
     query: Float[ArrayIn, "B T H D"],
     key: Float[ArrayIn, "B S K D"],
     value: Float[ArrayIn, "B S K Dv"],
-    bias: Float[ArrayIn, "#B #H T S"] | None = None,
+    bias: Float[ArrayIn, "#B #H #T S"] | None = None,
     *,
-    attention_mask: Bool[ArrayIn, "#B #H T S"] | None = None,
+    attention_mask: Bool[ArrayIn, "#B #H #T S"] | None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
     sliding_window: int | tuple[int, int] | None = None,
@@ -138,8 +141,9 @@ def attention(
         query: ``[B, T, H, D]``.
         key: ``[B, S, K, D]``.
         value: ``[B, S, K, Dv]``.
-        bias: added to the scaled scores, broadcastable ``[B|1, H|1, T, S]``; differentiable.
-        attention_mask: boolean ``[B|1, H|1, T, S]``, True where a query may attend a key.
+        bias: added to the scaled scores, broadcastable ``[B|1, H|1, T|1, S]``; differentiable.
+        attention_mask: boolean ``[B|1, H|1, T|1, S]``, True where a query may attend a key (``T`` = 1: a
+            key-padding mask, the same for every query row).
         softmax_scale: scale of the scores, default ``D ** -0.5``.
         causal: query i attends keys ``j <= i + S - T`` (bottom-right aligned, as FlashAttention 2).
         sliding_window: ``(left, right)`` keys around the aligned diagonal, or ``w`` for ``(w, w)``.
@@ -173,6 +177,8 @@ def attention(
     >>> bool(jnp.allclose(weights.sum(-1), 1.0, atol=1e-5)), float(weights[0, 0, 0, 1])  # causal: row 0 sees key 0
     (True, 0.0)
     """
+    # A key-padding mask or bias [B|1, H|1, 1, S] applies to every query row (as in flash_attention).
+    bias, attention_mask = (_rows_broadcast(x, query, key) for x in (bias, attention_mask))
     arrays = {
         "query": query,
         "key": key,

@@ -65,6 +65,7 @@ from ejkernel.kernels.signatures._checks import (
 )
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import attention_zeros
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import BlockSparseAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -225,6 +226,7 @@ class BlockSparseAttention(Kernel[BlockSparseAttentionConfig]):
 _kernel = BlockSparseAttention()
 
 
+@checked
 def block_sparse_attention(
     query: Float[ArrayIn, "B T H D"],
     key: Float[ArrayIn, "B S K D"],

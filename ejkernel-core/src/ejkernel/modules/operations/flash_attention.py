@@ -56,6 +56,7 @@ from ejkernel.kernels.signatures._checks import (
 )
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import attention_zeros
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import FlashAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -174,6 +175,7 @@ class FlashAttention(Kernel[FlashAttentionConfig]):
 _kernel = FlashAttention()
 
 
+@checked
 def flash_attention(
     query: Float[ArrayIn, "B T H D"],
     key: Float[ArrayIn, "B S K D"],
@@ -189,8 +191,8 @@ def flash_attention(
     logits_soft_cap: float | None = None,
     dropout_prob: float = 0.0,
     dropout_seed: int | Int[ArrayIn, ""] | None = None,
-    cu_seqlens_q: Int[ArrayIn, "N+1"] | None = None,
-    cu_seqlens_k: Int[ArrayIn, "N+1"] | None = None,
+    cu_seqlens_q: Int[ArrayIn, "N1"] | None = None,
+    cu_seqlens_k: Int[ArrayIn, "N1"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: FlashAttentionConfig | None = None,

@@ -82,6 +82,7 @@ from ejkernel.kernels.signatures._checks import (
     shape,
 )
 from ejkernel.modules.operations._dispatch import dispatch
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.ops import Invocation, Kernel
 from ejkernel.ops.config.base import BaseOperationConfig
 
@@ -256,6 +257,7 @@ def _block_bwd(static: _Static, res: Any, g: Any) -> Any:
 _block.defvjp(_block_fwd, _block_bwd)
 
 
+@checked
 def flash_attention_block(
     query: Float[ArrayIn, "B T H D"],
     key: Float[ArrayIn, "B S K D"],
@@ -316,6 +318,7 @@ def flash_attention_block(
     return _block(_Static(options, platform, backend, cfg, bwd_cfg), query, key, value, masks)
 
 
+@checked
 def flash_attention_block_bwd(
     query: Float[ArrayIn, "B T H D"],
     key: Float[ArrayIn, "B S K D"],

@@ -41,6 +41,7 @@ from ejkernel.kernels.signatures._checks import ArrayIn, check_bool, check_float
 from ejkernel.kernels.signatures._linear_attention import check_gate, check_qkv, check_state_options
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import linear_attention_zeros
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import GatedDeltaRuleConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -109,6 +110,7 @@ class GatedDeltaRule(Kernel[GatedDeltaRuleConfig]):
 _kernel = GatedDeltaRule()
 
 
+@checked
 def gated_delta_rule(
     q: Float[ArrayIn, "B T H K"],
     k: Float[ArrayIn, "B T H K"],
@@ -119,7 +121,7 @@ def gated_delta_rule(
     scale: float | None = None,
     initial_state: Float[ArrayIn, "B_or_N H K V"] | None = None,
     output_final_state: bool = False,
-    cu_seqlens: Int[ArrayIn, "N+1"] | None = None,
+    cu_seqlens: Int[ArrayIn, "N1"] | None = None,
     use_qk_l2norm: bool = False,
     platform: str | None = None,
     backend: str | None = None,

@@ -43,6 +43,7 @@ from ejkernel.kernels.signatures._linear_attention import check_gate, check_qkv,
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import linear_attention_zeros
 from ejkernel.modules.operations._linear_attention import normalize_scale, timing_inputs
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import GLAConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -89,6 +90,7 @@ class GLA(Kernel[GLAConfig]):
 _kernel = GLA()
 
 
+@checked
 def gla(
     q: Float[ArrayIn, "B T H K"],
     k: Float[ArrayIn, "B T H K"],
@@ -98,7 +100,7 @@ def gla(
     scale: float | None = None,
     initial_state: Float[ArrayIn, "B_or_N H K V"] | None = None,
     output_final_state: bool = False,
-    cu_seqlens: Int[ArrayIn, "N+1"] | None = None,
+    cu_seqlens: Int[ArrayIn, "N1"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: GLAConfig | None = None,

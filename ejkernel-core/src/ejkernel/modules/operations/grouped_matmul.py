@@ -41,6 +41,7 @@ from ejkernel.kernels.signatures._checks import (
 )
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import zeros_if_empty
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import GroupedMatmulConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -125,6 +126,7 @@ class GroupedMatmul(Kernel[GroupedMatmulConfig]):
 _kernel = GroupedMatmul()
 
 
+@checked
 def grouped_matmul(
     lhs: Float[ArrayIn, "M K"],
     rhs: Float[ArrayIn, "G K N"],

@@ -44,6 +44,7 @@ from ejkernel.kernels.signatures._linear_attention import check_gate, check_qkv,
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import linear_attention_zeros
 from ejkernel.modules.operations._linear_attention import normalize_scale, timing_inputs
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import LightningAttnConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -90,6 +91,7 @@ class LightningAttn(Kernel[LightningAttnConfig]):
 _kernel = LightningAttn()
 
 
+@checked
 def lightning_attn(
     q: Float[ArrayIn, "B T H K"],
     k: Float[ArrayIn, "B T H K"],
@@ -99,7 +101,7 @@ def lightning_attn(
     scale: float | None = None,
     initial_state: Float[ArrayIn, "B_or_N H K V"] | None = None,
     output_final_state: bool = False,
-    cu_seqlens: Int[ArrayIn, "N+1"] | None = None,
+    cu_seqlens: Int[ArrayIn, "N1"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: LightningAttnConfig | None = None,

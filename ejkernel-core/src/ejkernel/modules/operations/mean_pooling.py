@@ -29,6 +29,7 @@ from jaxtyping import Array, Float, Int
 from ejkernel.kernels.signatures._checks import ArrayIn, check_cu_seqlens, check_float_array
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import zeros_if_empty
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import MeanPoolingConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -62,10 +63,11 @@ class MeanPooling(Kernel[MeanPoolingConfig]):
 _kernel = MeanPooling()
 
 
+@checked
 def mean_pooling(
     x: Float[ArrayIn, "B T D"],
     *,
-    cu_seqlens: Int[ArrayIn, "N+1"] | None = None,
+    cu_seqlens: Int[ArrayIn, "N1"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: MeanPoolingConfig | None = None,

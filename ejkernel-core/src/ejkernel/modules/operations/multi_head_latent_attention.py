@@ -59,6 +59,7 @@ from ejkernel.kernels.signatures._checks import (
 )
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import zeros_if_empty
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import MultiHeadLatentAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -173,6 +174,7 @@ class MultiHeadLatentAttention(Kernel[MultiHeadLatentAttentionConfig]):
 _kernel = MultiHeadLatentAttention()
 
 
+@checked
 def multi_head_latent_attention(
     query: Float[ArrayIn, "B T H D"],
     kv: Float[ArrayIn, "B S D"] | Float[ArrayIn, "P page D"],

@@ -58,6 +58,7 @@ from ejkernel.kernels.signatures._checks import (
 )
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import attention_zeros
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import NativeSparseAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -163,6 +164,7 @@ class NativeSparseAttention(Kernel[NativeSparseAttentionConfig]):
 _kernel = NativeSparseAttention()
 
 
+@checked
 def native_sparse_attention(
     query: Float[ArrayIn, "B T H D"],
     key: Float[ArrayIn, "B S K D"],

@@ -52,6 +52,7 @@ from ejkernel.kernels.signatures._serving import (
 )
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import zeros_if_empty
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import PageAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -110,6 +111,7 @@ class PageAttention(Kernel[PageAttentionConfig]):
 _kernel = PageAttention()
 
 
+@checked
 def page_attention(
     query: Float[ArrayIn, "N H D"],
     key_cache: Float[ArrayIn, "P page K D"],

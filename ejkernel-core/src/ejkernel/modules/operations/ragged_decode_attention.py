@@ -36,6 +36,7 @@ from ejkernel.kernels.signatures._checks import ArrayIn, check_query_key_value
 from ejkernel.kernels.signatures._serving import check_int, check_options, normalize_options, refuse_gradients
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import attention_zeros
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import RaggedDecodeAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -85,6 +86,7 @@ class RaggedDecodeAttention(Kernel[RaggedDecodeAttentionConfig]):
 _kernel = RaggedDecodeAttention()
 
 
+@checked
 def ragged_decode_attention(
     query: Float[ArrayIn, "B H D"],
     key: Float[ArrayIn, "B S K D"],

@@ -63,6 +63,7 @@ from ejkernel.kernels.signatures._serving import (
 )
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import zeros_if_empty
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import RaggedPageAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -175,13 +176,14 @@ class RaggedPageAttention(Kernel[RaggedPageAttentionConfig]):
 _kernel = RaggedPageAttention()
 
 
+@checked
 def ragged_page_attention(
     query: Float[ArrayIn, "T H D"],
     key_cache: Float[ArrayIn, "P page K D"],
     value_cache: Float[ArrayIn, "P page K Dv"],
     kv_lens: Int[ArrayIn, "S"],
     block_tables: Int[ArrayIn, "S M"],
-    cu_q_lens: Int[ArrayIn, "S+1"],
+    cu_q_lens: Int[ArrayIn, "S1"],
     num_seqs: Int[ArrayIn, "1"] | int,
     *,
     softmax_scale: float | None = None,

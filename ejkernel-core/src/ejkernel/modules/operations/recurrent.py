@@ -48,6 +48,7 @@ from ejkernel.kernels.signatures._linear_attention import check_gate, check_qkv,
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import linear_attention_zeros
 from ejkernel.modules.operations._linear_attention import normalize_scale, timing_inputs
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import RecurrentConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -104,6 +105,7 @@ class Recurrent(Kernel[RecurrentConfig]):
 _kernel = Recurrent()
 
 
+@checked
 def recurrent(
     q: Float[ArrayIn, "B T H K"],
     k: Float[ArrayIn, "B T H K"],
@@ -116,7 +118,7 @@ def recurrent(
     initial_state: Float[ArrayIn, "B_or_N H K V"] | None = None,
     output_final_state: bool = False,
     reverse: bool = False,
-    cu_seqlens: Int[ArrayIn, "N+1"] | None = None,
+    cu_seqlens: Int[ArrayIn, "N1"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: RecurrentConfig | None = None,

@@ -62,6 +62,7 @@ from ejkernel.kernels.signatures._checks import (
 )
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import attention_zeros
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import RingAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -205,6 +206,7 @@ class RingAttention(Kernel[RingAttentionConfig]):
 _kernel = RingAttention()
 
 
+@checked
 def ring_attention(
     query: Float[ArrayIn, "B T H D"],
     key: Float[ArrayIn, "B S K D"],

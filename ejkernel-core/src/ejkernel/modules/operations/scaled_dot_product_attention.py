@@ -55,6 +55,7 @@ from ejkernel.kernels.signatures._checks import (
 )
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import attention_zeros
+from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import ScaledDotProductAttentionConfig
 from ejkernel.ops import Invocation, Kernel
 
@@ -132,6 +133,7 @@ class ScaledDotProductAttention(Kernel[ScaledDotProductAttentionConfig]):
 _kernel = ScaledDotProductAttention()
 
 
+@checked
 def scaled_dot_product_attention(
     query: Float[ArrayIn, "B T N H"],
     key: Float[ArrayIn, "B S K H"],

@@ -117,7 +117,7 @@ FLASH_OPTION_BAD_INPUTS: list[BadInput] = [
     (
         "bias_shape",
         lambda q, k, v: ((q, k, v, jnp.zeros((2, 4, 5, 5))), {}),
-        r"bias must have shape \[B\|1, H\|1, T, S\]",
+        r"bias must have shape \[B\|1, H\|1, T\|1, S\]",
     ),
     (
         "mask_dtype",
