@@ -129,7 +129,7 @@ _kernel = GroupedMatmul()
 @checked
 def grouped_matmul(
     lhs: Float[ArrayIn, "M K"],
-    rhs: Float[ArrayIn, "G K N"],
+    rhs: Float[ArrayIn, "G _KN _NK"],  # [G, K, N], or [G, N, K] with transpose_rhs: not bound
     group_sizes: Int[ArrayIn, "G"],
     *,
     transpose_rhs: bool = False,

@@ -184,7 +184,7 @@ def ragged_page_attention(
     kv_lens: Int[ArrayIn, "S"],
     block_tables: Int[ArrayIn, "S M"],
     cu_q_lens: Int[ArrayIn, "S1"],
-    num_seqs: Int[ArrayIn, "1"] | int,
+    num_seqs: Int[ArrayIn, "1"] | Int[ArrayIn, ""] | int,
     *,
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
