@@ -9,9 +9,10 @@
   ``EJKERNEL_EXPECT_PLUGINS``) and, where the plugin has kernels, that they pass the conformance suites
   installed alone (``tests/conformance``). ``core`` also runs the core's own tests and the references'
   hand-checked cases without any plugin (``tests/core``, ``tests/reference``). The suites that ``tests``
-  already runs on the same kernels are not repeated in full: ``xla`` and ``triton`` run each suite's
-  forward/gradient comparisons (a smoke test of the installed package); ``pallas`` runs the whole suites,
-  since only it interprets the Mosaic TPU kernels through them.
+  already runs on the same kernels are not repeated in full: each runs the suites' forward/gradient
+  comparisons (a smoke test of the installed package; for ``pallas`` the Mosaic TPU kernels in JAX's TPU
+  interpreter, which ``tests/pallas`` also runs at other shapes; for ``triton`` its GPU registrations,
+  interpreted).
 - ``lint``: ``ruff format --check``, ``ruff check`` and ``mypy`` (configured in pyproject.toml).
 - ``demo``: the core and the XLA plugin; runs demo/transformer_block.py, then ``ejkernel info``.
 - ``docs``: builds the documentation site (mkdocs.yml: docs/ and the API reference generated from the
@@ -41,7 +42,7 @@ PLUGINS = ("xla", "triton", "pallas", "cuda")
 # the pytest options that select them: Triton's kernels are registered for GPUs, and on a CPU the
 # suites run them in Triton's interpreter (EJKERNEL_TRITON_INTERPRET=1 below).
 SMOKE = ("-k", "(match_reference or matches_reference) and not candidate")
-CONFORMANCE = {"xla": SMOKE, "triton": ("--ejkernel-backend=gpu", *SMOKE), "pallas": ()}
+CONFORMANCE = {"xla": SMOKE, "triton": ("--ejkernel-backend=gpu", *SMOKE), "pallas": SMOKE}
 # The CPU test set-up of docs/design.md §11: 8 simulated devices for sharding, Triton kernels interpreted.
 TEST_ENV = {
     "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
@@ -104,7 +105,7 @@ def _pytest(
 def tests(session: nox.Session) -> None:
     """The core and every plugin, editable: the doctests of the core and README.md, then the whole test suite."""
     _install(session, "core", *PLUGINS, editable=True, extras="all")
-    session.install("flax", "equinox", "pytest-xdist")
+    session.install("flax", "equinox")
     if not session.posargs:  # the doctests first: they take seconds, the suite minutes
         _pytest(
             session,
@@ -116,9 +117,7 @@ def tests(session: nox.Session) -> None:
             "README.md",
             expect=None,
         )
-    # Two workers: the suite is one Python thread at a time (Triton's interpreter, XLA's compiler), and CI's
-    # second core is free once the other lane's shorter sessions are done. Every test has its own cache dir.
-    _pytest(session, "-n", "2", "tests", expect=PLUGINS)
+    _pytest(session, "tests", expect=PLUGINS)
 
 
 @nox.session(python=PYTHON)
