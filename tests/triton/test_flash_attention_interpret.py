@@ -36,7 +36,6 @@ import numpy as np  # noqa: E402
 
 from ejkernel.kernels.signatures._attention import dropout_keep  # noqa: E402
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams  # noqa: E402
-from ejkernel.testing.reference import attention_allowed  # noqa: E402
 from ejkernel.testing.reference import flash_attention as reference  # noqa: E402
 
 from ejkernel_triton import launch  # noqa: E402
@@ -45,7 +44,6 @@ from ejkernel_triton.flash_attention.interface import (  # noqa: E402
     _backward,
     _forward,
     _forward_with_lse,
-    _intervals,
     _prepare,
 )
 
@@ -131,40 +129,6 @@ _DEFAULTS = dict(
     cu_seqlens_q=None,
     cu_seqlens_k=None,
 )
-
-
-# ------------------------------------------------------------------------------------------------
-# Masks as intervals (pure JAX, no interpreter): exact against the reference's mask.
-# ------------------------------------------------------------------------------------------------
-
-
-def test_intervals_are_exact(rng):
-    # The kernels mask with the per-row intervals and choose which tiles to visit (and which need
-    # no mask) with both; both must describe attention_allowed exactly, for random configurations.
-    for trial in range(48):
-        t, s = [(23, 31), (31, 23), (1, 17), (17, 1)][trial % 4]  # few shapes: eager JAX compiles per shape
-        causal = bool(rng.integers(0, 2))
-        window = None if rng.random() < 0.3 else (int(rng.integers(0, 12)), int(rng.integers(0, 12)))
-        cu_q = cu_k = None
-        if rng.random() < 0.5:
-            n = int(rng.integers(1, 4))
-            cu_q = np.sort(rng.integers(0, t + 1, n + 1))
-            cu_k = np.sort(rng.integers(0, s + 1, n + 1))
-            if rng.random() < 0.7:
-                cu_q[0] = cu_k[0] = 0
-            cu_q, cu_k = jnp.asarray(cu_q, jnp.int32), jnp.asarray(cu_k, jnp.int32)
-        allowed = np.asarray(
-            attention_allowed(t, s, causal=causal, sliding_window=window, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k)
-        )
-        row_lo, row_hi, col_lo, col_hi = (np.asarray(x) for x in _intervals(t, s, causal, window, cu_q, cu_k))
-        i, j = np.arange(t)[:, None], np.arange(s)[None, :]
-        what = f"T={t} S={s} causal={causal} window={window} cu_q={cu_q} cu_k={cu_k}"
-        np.testing.assert_array_equal((row_lo[:, None] <= j) & (j < row_hi[:, None]), allowed, err_msg="rows: " + what)
-        np.testing.assert_array_equal((col_lo[None, :] <= i) & (i < col_hi[None, :]), allowed, err_msg="cols: " + what)
-        # empty rows/keys are normalized so that they never widen a block's range
-        assert ((row_lo == s) & (row_hi == 0) | (row_lo < row_hi)).all() and (
-            (col_lo == t) & (col_hi == 0) | (col_lo < col_hi)
-        ).all()
 
 
 # ------------------------------------------------------------------------------------------------

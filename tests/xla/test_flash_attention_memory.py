@@ -123,7 +123,7 @@ def test_lse() -> None:
     arr, call = _inputs("lse", {"B": 1, "varlen": True, "causal": True})
     o = Options(scale=16**-0.5, causal=call.get("causal", False), window=call.get("sliding_window"), fwd_blocks=(16, 8))
     arrays = (arr["query"], arr["key"], arr["value"], None, None, None, None, None,
-              call.get("cu_seqlens_q"), call.get("cu_seqlens_k"))  # fmt: skip
+              call.get("cu_seqlens_q"), call.get("cu_seqlens_k"), None, None)  # fmt: skip
     out, lse = jax.jit(forward, static_argnums=0)(o, arrays)
     want_out, want_lse = reference(arr["query"], arr["key"], arr["value"], **call, return_lse=True)
     _close("out", out, want_out, 2e-5)
@@ -132,15 +132,27 @@ def test_lse() -> None:
 
 
 @pytest.mark.parametrize(
-    ("kw", "visited", "unmasked"),
-    [({}, 64, 64), ({"causal": True}, 36, 28), ({"window": (256, 0)}, 21, 7), ({"window": (100, 100)}, 22, 0)],
+    ("kw", "lengths", "visited", "unmasked"),
+    [
+        ({}, {}, 64, 64),
+        ({"causal": True}, {}, 36, 28),
+        ({"window": (256, 0)}, {}, 21, 7),
+        ({"window": (100, 100)}, {}, 22, 0),
+        # Key lengths 300 and 640: every query block visits the 5 blocks below 640, 2 (below 300) whole.
+        ({}, {"kvlen": [300, 640]}, 40, 16),
+        # Prefix-LM, prefixes 256 and 384: the causal triangle widened to the prefix blocks (3 visited by the first
+        # three query blocks, 2 of them whole: the shorter prefix bounds what every sequence sees whole).
+        ({"causal": True}, {"prefix": [256, 384]}, 39, 31),
+    ],
 )
-def test_only_admissible_blocks_are_visited(kw: dict, visited: int, unmasked: int) -> None:
+def test_only_admissible_blocks_are_visited(kw: dict, lengths: dict, visited: int, unmasked: int) -> None:
     """8 x 8 blocks of 128: causal visits the 36 of the lower triangle, 28 of them without mask arithmetic."""
-    x = jnp.zeros((1, 1024, 2, 8), jnp.float32)
-    c = _Ctx(Options(scale=1.0, **kw), (x, x, x, None, None, None, None, None, None, None), (128, 128), kvm=False)
+    x = jnp.zeros((2, 1024, 2, 8), jnp.float32)
+    per_batch = tuple(None if n not in lengths else jnp.array(lengths[n]) for n in ("kvlen", "prefix"))
+    arrays = (x, x, x, None, None, None, None, None, None, None, *per_batch)
+    c = _Ctx(Options(scale=1.0, **kw), arrays, (128, 128), kvm=False)
     assert int((c.kv_hi - c.kv_lo).sum()) == visited and int((c.kv_fhi - c.kv_flo).sum()) == unmasked
-    kv = _Ctx(Options(scale=1.0, **kw), (x, x, x, None, None, None, None, None, None, None), (128, 128), kvm=True)
+    kv = _Ctx(Options(scale=1.0, **kw), arrays, (128, 128), kvm=True)
     assert int((kv.q_hi - kv.q_lo).sum()) == visited and int((kv.q_fhi - kv.q_flo).sum()) == unmasked
 
 

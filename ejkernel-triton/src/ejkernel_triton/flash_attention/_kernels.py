@@ -7,11 +7,12 @@ Layouts (all C-contiguous, built by ``interface.py``):
 * ``bias [NB, NH, T, S]`` (``NB`` in ``{1, B}``, ``NH`` in ``{1, H}``; a broadcast dimension has
   stride 0), ``mask`` likewise as int8 (nonzero = attend);
 * segment ids ``[B, T]`` / ``[B, S]`` int32;
-* ``row_lo``/``row_hi [T]`` int32: query ``i`` may attend keys ``row_lo[i] <= j < row_hi[i]`` (the
-  causal, sliding-window and varlen constraints, computed once in JAX; an empty row has
-  ``lo = S, hi = 0``); ``col_lo``/``col_hi [S]``: key ``j`` is attended by the queries
-  ``col_lo[j] <= i < col_hi[j]`` (the same constraints seen from the key side; ``lo = T, hi = 0``
-  when empty).
+* ``row_lo``/``row_hi [1|B, T]`` int32: query ``i`` may attend keys ``row_lo[i] <= j < row_hi[i]``
+  (the causal, sliding-window, varlen, key-length and prefix-LM constraints, computed once in JAX by
+  ``ejkernel.kernels.signatures._attention.mask_intervals``; an empty row has ``lo = S, hi = 0``);
+  ``col_lo``/``col_hi [1|B, S]``: key ``j`` is attended by the queries ``col_lo[j] <= i < col_hi[j]``
+  (the same constraints seen from the key side; ``lo = T, hi = 0`` when empty). ``ROWS_PER_BATCH``:
+  one table per batch row (per-sequence lengths), else one shared by all.
 
 The intervals are what lets every kernel skip work: a block of rows only visits the key blocks in
 ``[min lo, max hi)``, and the key blocks that every row of the block admits whole (``max lo``..
@@ -114,6 +115,15 @@ def _row_bounds(RowLo, RowHi, QSeg, rows, T, S, HAS_SEG: tl.constexpr):
     """Key interval and segment id of each query row (rows past T: ``lo = S, hi = 0``)."""
     lo, hi = bounds(RowLo, RowHi, rows, T, S)
     return lo, hi, _seg_ids(QSeg, rows, T, -1, HAS_SEG)
+
+
+@triton.jit
+def _table(Table, i_b64, n, PER_BATCH: tl.constexpr):
+    """Batch row ``i_b64``'s interval table (``[B, n]`` tables), or the one all rows share (``[1, n]``)."""
+    if PER_BATCH:
+        return Table + i_b64 * n
+    else:
+        return Table
 
 
 @triton.jit
@@ -321,11 +331,20 @@ def _attn_fwd(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     DROP_THRESH: tl.constexpr,
+    ROWS_PER_BATCH: tl.constexpr,
 ):
     """One program: BLOCK_M query rows of one (batch, head). Grid ``(cdiv(T, BM), H, B)``."""
     pid_m, i_h, i_b, i_kh, i_b64 = _query_program(H, KH)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
-    lo, hi, qseg = _row_bounds(RowLo, RowHi, QSeg + i_b64 * T, offs_m, T, S, HAS_SEG)  # [BM]
+    lo, hi, qseg = _row_bounds(
+        _table(RowLo, i_b64, T, ROWS_PER_BATCH),
+        _table(RowHi, i_b64, T, ROWS_PER_BATCH),
+        QSeg + i_b64 * T,
+        offs_m,
+        T,
+        S,
+        HAS_SEG,
+    )  # [BM]
     n_start, n_full_lo, n_full_hi, n_end = block_range(lo, hi, BLOCK_N, HAS_MASK or HAS_SEG)
 
     q_base = head_base(Q, i_b64, i_h, T, H, D)
@@ -557,6 +576,7 @@ def _attn_bwd_dkdv(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     DROP_THRESH: tl.constexpr,
+    ROWS_PER_BATCH: tl.constexpr,
 ):
     """One program: BLOCK_N keys of one (batch, kv head); loops over the H // KH query heads that
     share it (GQA) and over their query blocks, so dK/dV are summed in registers and written
@@ -569,7 +589,7 @@ def _attn_bwd_dkdv(
 
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     # Query interval of every key: which query blocks to visit, and which need no mask.
-    qlo, qhi = bounds(ColLo, ColHi, offs_n, S, T)
+    qlo, qhi = bounds(_table(ColLo, i_b64, S, ROWS_PER_BATCH), _table(ColHi, i_b64, S, ROWS_PER_BATCH), offs_n, S, T)
     m_start, m_full_lo, m_full_hi, m_end = block_range(qlo, qhi, BLOCK_M, HAS_MASK or HAS_SEG)
 
     k_base = head_base(K, i_b64, i_kh, S, KH, D)
@@ -599,8 +619,8 @@ def _attn_bwd_dkdv(
                 head_base(DO, i_b64, i_h, T, H, DV),
                 stats_base(LSE, i_b64, i_h, T, H),
                 stats_base(Delta, i_b64, i_h, T, H),
-                RowLo,
-                RowHi,
+                _table(RowLo, i_b64, T, ROWS_PER_BATCH),
+                _table(RowHi, i_b64, T, ROWS_PER_BATCH),
                 bcast_base(Bias, i_b64, i_h, bias_sb, bias_sh),
                 bcast_base(Mask, i_b64, i_h, mask_sb, mask_sh),
                 QSeg + i_b64 * T,
@@ -669,12 +689,21 @@ def _attn_bwd_dq(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     DROP_THRESH: tl.constexpr,
+    ROWS_PER_BATCH: tl.constexpr,
 ):
     """One program: dQ of BLOCK_M query rows of one (batch, head), over the same key blocks as the
     forward (a separate kernel rather than atomics: deterministic). Grid ``(cdiv(T, BM), H, B)``."""
     pid_m, i_h, i_b, i_kh, i_b64 = _query_program(H, KH)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
-    lo, hi, qseg = _row_bounds(RowLo, RowHi, QSeg + i_b64 * T, offs_m, T, S, HAS_SEG)
+    lo, hi, qseg = _row_bounds(
+        _table(RowLo, i_b64, T, ROWS_PER_BATCH),
+        _table(RowHi, i_b64, T, ROWS_PER_BATCH),
+        QSeg + i_b64 * T,
+        offs_m,
+        T,
+        S,
+        HAS_SEG,
+    )
     n_start, n_full_lo, n_full_hi, n_end = block_range(lo, hi, BLOCK_N, HAS_MASK or HAS_SEG)
 
     k_base = head_base(K, i_b64, i_kh, S, KH, D)
@@ -773,6 +802,7 @@ def _attn_bwd_dbias(
     HAS_SEG: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     DROP_THRESH: tl.constexpr,
+    ROWS_PER_BATCH: tl.constexpr,
 ):
     """dBias = dS, summed over the dimensions the bias broadcasts over, written once per element
     (the output has the bias's own shape ``[NB, NH, T, S]``: no ``[B, H, T, S]`` intermediate, no
@@ -787,9 +817,15 @@ def _attn_bwd_dbias(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
     ii = offs_m[:, None]
     jj = offs_n[None, :]
-    lo, hi = bounds(RowLo, RowHi, offs_m, T, S)
-    # Does any row of the block admit any key of the block? Otherwise dBias is 0 here.
+    b_first64 = b_first.to(tl.int64)
+    lo, hi = bounds(
+        _table(RowLo, b_first64, T, ROWS_PER_BATCH), _table(RowHi, b_first64, T, ROWS_PER_BATCH), offs_m, T, S
+    )
+    # Does any row of the block admit any key of the block? Otherwise dBias is 0 here. (With a table per
+    # batch row and a bias broadcast over the batch, another row may: then every tile is visited.)
     live = (tl.max(hi, axis=0) > pid_n * BLOCK_N) & (tl.min(lo, axis=0) < pid_n * BLOCK_N + BLOCK_N)
+    if ROWS_PER_BATCH and BIAS_BCAST_B:
+        live = live | True
 
     if BIAS_BCAST_B:
         b_count = B
@@ -805,6 +841,8 @@ def _attn_bwd_dbias(
     for bb in range(b_count):
         i_b = b_first + bb
         i_b64 = i_b.to(tl.int64)
+        if ROWS_PER_BATCH and BIAS_BCAST_B:
+            lo, hi = bounds(_table(RowLo, i_b64, T, True), _table(RowHi, i_b64, T, True), offs_m, T, S)
         qseg = _seg_ids(QSeg + i_b64 * T, offs_m, T, -1, HAS_SEG)
         kseg = _seg_ids(KSeg + i_b64 * S, offs_n, S, -2, HAS_SEG)
         for hh in range(h_count):

@@ -35,13 +35,16 @@ def _setup(
     cfg, aux = _fa._prepare(
         query, key, value, None, attention_mask=None, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
         softmax_scale=softmax_scale, causal=False, sliding_window=None, logits_soft_cap=logits_soft_cap,
-        dropout_prob=0.0, dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None, fwd_params=fwd_params,
+        dropout_prob=0.0, dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None, kv_lengths=None,
+        prefix_lengths=None, fwd_params=fwd_params,
         bwd_params=bwd_params,
     )  # fmt: skip
     t, s = query.shape[1], key.shape[1]
     causal, window = bool(causal), normalize_window(sliding_window)
-    aux["row_lo"], aux["row_hi"] = key_intervals(q_positions, kv_positions, t, s, causal=causal, window=window)
-    aux["col_lo"], aux["col_hi"] = query_intervals(q_positions, kv_positions, t, s, causal=causal, window=window)
+    # One interval table shared by the batch: [1, T] and [1, S].
+    rows = key_intervals(q_positions, kv_positions, t, s, causal=causal, window=window)
+    cols = query_intervals(q_positions, kv_positions, t, s, causal=causal, window=window)
+    aux["row_lo"], aux["row_hi"], aux["col_lo"], aux["col_hi"] = (x[None] for x in (*rows, *cols))
     return cfg, aux
 
 

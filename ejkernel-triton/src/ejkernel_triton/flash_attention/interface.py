@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.device import cdiv, first_gpu, fold_vmap, next_power_of_2, shared_memory_per_block
-from ejkernel.kernels.signatures._attention import normalize_window
+from ejkernel.kernels.signatures._attention import mask_intervals
 from ejkernel.modules.operations.flash_attention import validate
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
@@ -247,75 +247,6 @@ def _resolve(
 
 
 # ------------------------------------------------------------------------------------------------
-# Masks as intervals.
-# ------------------------------------------------------------------------------------------------
-
-
-def _intervals(
-    t: int, s: int, causal: bool, window: tuple[int, int] | None, cu_q: Any, cu_k: Any
-) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """Causal / sliding-window / varlen constraints as intervals (see ``_kernels``' docstring).
-
-    Query ``i`` admits keys ``[row_lo[i], row_hi[i])``; key ``j`` is admitted by queries
-    ``[col_lo[j], col_hi[j])``. Within a sequence (the whole array without varlen) whose rows and
-    keys start at ``q0``/``k0`` and end at ``q1``/``k1``, alignment is bottom-right:
-    ``d = k1 - q1``, causal ``j <= i + d``, window ``i + d - left <= j <= i + d + right``.
-    The varlen arithmetic mirrors ``ejkernel.testing.reference.attention_allowed`` exactly,
-    including rows before ``cu_seqlens[0]`` (they pair with the keys before it, aligned like
-    sequence 0) and rows past ``cu_seqlens[N]`` (they admit nothing).
-    """
-    i = jnp.arange(t, dtype=jnp.int32)
-    j = jnp.arange(s, dtype=jnp.int32)
-    k0: Any
-    k1: Any
-    d_row: Any
-    row_valid: Any
-    q0: Any
-    q1: Any
-    d_col: Any
-    col_valid: Any
-    if cu_q is None:
-        k0, k1, d_row, row_valid = 0, s, s - t, True
-        q0, q1, d_col, col_valid = 0, t, s - t, True
-    else:
-        cu_q = jnp.asarray(cu_q, jnp.int32)
-        cu_k = jnp.asarray(cu_k, jnp.int32)
-        n = cu_q.shape[0] - 1
-        seq = jnp.searchsorted(cu_q, i, side="right").astype(jnp.int32) - 1
-        c = jnp.clip(seq, 0, n - 1)
-        k0 = jnp.where(seq < 0, 0, cu_k[c])
-        k1 = jnp.where(seq < 0, cu_k[0], cu_k[c + 1])
-        d_row = cu_k[c + 1] - cu_q[c + 1]
-        row_valid = seq < n
-        seq = jnp.searchsorted(cu_k, j, side="right").astype(jnp.int32) - 1
-        c = jnp.clip(seq, 0, n - 1)
-        q0 = jnp.where(seq < 0, 0, cu_q[c])
-        q1 = jnp.where(seq < 0, cu_q[0], cu_q[c + 1])
-        d_col = cu_k[c + 1] - cu_q[c + 1]
-        col_valid = seq < n
-    row_lo = jnp.broadcast_to(jnp.asarray(k0, jnp.int32), (t,))
-    row_hi = jnp.broadcast_to(jnp.asarray(k1, jnp.int32), (t,))
-    col_lo = jnp.broadcast_to(jnp.asarray(q0, jnp.int32), (s,))
-    col_hi = jnp.broadcast_to(jnp.asarray(q1, jnp.int32), (s,))
-    if causal:
-        row_hi = jnp.minimum(row_hi, i + d_row + 1)
-        col_lo = jnp.maximum(col_lo, j - d_col)
-    if window is not None:
-        left, right = (min(w, t + s + 1) for w in window)  # keep the int32 arithmetic in range
-        row_lo = jnp.maximum(row_lo, i + d_row - left)
-        row_hi = jnp.minimum(row_hi, i + d_row + right + 1)
-        col_lo = jnp.maximum(col_lo, j - d_col - right)
-        col_hi = jnp.minimum(col_hi, j - d_col + left + 1)
-    row_empty = (row_lo >= row_hi) | ~jnp.asarray(row_valid)
-    col_empty = (col_lo >= col_hi) | ~jnp.asarray(col_valid)
-    row_lo = jnp.where(row_empty, s, jnp.clip(row_lo, 0, s)).astype(jnp.int32)
-    row_hi = jnp.where(row_empty, 0, jnp.clip(row_hi, 0, s)).astype(jnp.int32)
-    col_lo = jnp.where(col_empty, t, jnp.clip(col_lo, 0, t)).astype(jnp.int32)
-    col_hi = jnp.where(col_empty, 0, jnp.clip(col_hi, 0, t)).astype(jnp.int32)
-    return row_lo, row_hi, col_lo, col_hi
-
-
-# ------------------------------------------------------------------------------------------------
 # Launches.
 # ------------------------------------------------------------------------------------------------
 
@@ -369,6 +300,7 @@ def _common(
         BLOCK_DV=_pow2(dv),
         HAS_MASK=mask is not None,
         HAS_SEG=aux["q_seg"] is not None,
+        ROWS_PER_BATCH=aux["row_lo"].shape[0] > 1,
         HAS_SOFTCAP=cfg.softcap is not None,
         DROP_THRESH=cfg.drop_thresh,
     )
@@ -388,7 +320,9 @@ def _fold_axes(cfg: _Cfg, batch: int, bias: Any, aux: dict[str, Any]) -> tuple[A
     def per_row(x: Any) -> int | None:
         return 0 if x is None or x.shape[0] == batch else None
 
-    return 0, per_row(bias), {**dict.fromkeys(aux), "mask": per_row(aux["mask"]), "q_seg": 0, "kv_seg": 0}
+    tables = per_row(aux["row_lo"])  # [B, T] per sequence (key lengths, prefix-LM), or [1, T] shared
+    aux_axes = {**dict.fromkeys(aux, tables), "seed": None, "mask": per_row(aux["mask"]), "q_seg": 0, "kv_seg": 0}
+    return 0, per_row(bias), aux_axes
 
 
 def _forward(cfg: _Cfg, q: Any, k: Any, v: Any, bias: Any, aux: dict[str, Any]) -> tuple[jax.Array, jax.Array]:
@@ -617,6 +551,8 @@ def _prepare(
     dropout_seed: Any,
     cu_seqlens_q: Any,
     cu_seqlens_k: Any,
+    kv_lengths: Any,
+    prefix_lengths: Any,
     fwd_params: Any,
     bwd_params: Any,
 ) -> tuple[_Cfg, dict[str, Any]]:
@@ -637,8 +573,15 @@ def _prepare(
         fwd=_resolve(fwd_params, fwd_default, "fwd_params"),
         bwd=_resolve(bwd_params, bwd_default, "bwd_params"),
     )
-    row_lo, row_hi, col_lo, col_hi = _intervals(
-        t, s, causal, normalize_window(sliding_window), cu_seqlens_q, cu_seqlens_k
+    row_lo, row_hi, col_lo, col_hi = mask_intervals(
+        t,
+        s,
+        causal=causal,
+        sliding_window=sliding_window,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        kv_lengths=kv_lengths,
+        prefix_lengths=prefix_lengths,
     )
     if dropout_prob > 0:
         if isinstance(dropout_seed, int | np.integer):
@@ -680,6 +623,8 @@ _DEFAULTS: dict[str, Any] = dict(
     dropout_seed=None,
     cu_seqlens_q=None,
     cu_seqlens_k=None,
+    kv_lengths=None,
+    prefix_lengths=None,
     fwd_params=None,
     bwd_params=None,
 )
@@ -709,6 +654,8 @@ def flash_attention(
     dropout_seed: int | jax.Array | None = None,
     cu_seqlens_q: jax.Array | None = None,
     cu_seqlens_k: jax.Array | None = None,
+    kv_lengths: jax.Array | None = None,
+    prefix_lengths: jax.Array | None = None,
     fwd_params: FwdParams | None = None,
     bwd_params: BwdParams | None = None,
 ) -> jax.Array:
@@ -731,6 +678,8 @@ def flash_attention(
         dropout_seed=dropout_seed,
         cu_seqlens_q=cu_seqlens_q,
         cu_seqlens_k=cu_seqlens_k,
+        kv_lengths=kv_lengths,
+        prefix_lengths=prefix_lengths,
     )
     validate(query, key, value, bias, **kwargs)
     cfg, aux = _prepare(query, key, value, bias, fwd_params=fwd_params, bwd_params=bwd_params, **kwargs)

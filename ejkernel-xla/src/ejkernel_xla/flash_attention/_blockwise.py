@@ -5,7 +5,7 @@ needs no repeat of keys/values: queries are held as ``[nq, B, K, G, bq, D]`` blo
 ``[nk, B, K, bk, D]`` blocks (``T``/``S`` padded up to block multiples; padded keys are masked).
 
 Forward (FlashAttention-2): a ``lax.scan`` over query blocks; for each, ``lax.fori_loop``s over
-the key blocks it can see (a dynamic range from causal / sliding window / packing, so blocks that
+the key blocks it can see (a dynamic range from causal / sliding window / packing / lengths, so blocks that
 are fully masked cost nothing; blocks seen whole skip the mask arithmetic), with an online softmax
 in float32 (running max ``m``, running sum ``l``, accumulator). It returns the output and the
 log-sum-exp ``lse`` (``-inf`` on rows without any admitted key).
@@ -34,7 +34,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from ejkernel.device import cdiv
-from ejkernel.kernels.signatures._attention import dropout_keep
+from ejkernel.kernels.signatures._attention import dropout_keep, mask_intervals
 
 F32 = jnp.float32
 NEG_INF = -jnp.inf
@@ -113,7 +113,7 @@ class _Ctx:
     """
 
     def __init__(self, o: Options, arrays: tuple[Any, ...], blocks: tuple[int | None, int | None], kvm: bool) -> None:
-        q, k, v, bias, mask, qseg, kvseg, seed, cuq, cuk = arrays
+        q, k, v, bias, mask, qseg, kvseg, seed, cuq, cuk, kvlen, prefix = arrays
         self.o, self.kvm = o, kvm
         self.B, self.T, self.H, self.D = q.shape
         self.S, self.K = k.shape[1], k.shape[2]
@@ -127,9 +127,6 @@ class _Ctx:
         self.dropout = o.dropout_prob > 0
         if self.dropout and self.seed is None:
             raise ValueError("flash_attention: dropout_prob > 0 needs dropout_seed")
-        # Windows wider than both lengths are unbounded (and must not overflow int32 below).
-        self.window = None if o.window is None else tuple(min(w, self.T + self.S) for w in o.window)
-        self.varlen = cuq is not None
         # Scale the queries once rather than every tile where that is exact enough.
         self.prescale = q.dtype == F32 or math.frexp(o.scale)[0] == 0.5
         self.bias = None if bias is None else self._side(bias, 0)
@@ -140,7 +137,7 @@ class _Ctx:
             self.qseg = _pad_axis(qseg, 1, self.Tp).reshape(self.B, self.nq, self.bq).transpose(1, 0, 2)
             self.kvseg = _pad_axis(kvseg, 1, self.Sp).reshape(self.B, self.nk, self.bk).transpose(1, 0, 2)
         self.data_mask = mask is not None or qseg is not None
-        self._ranges(cuq, cuk)
+        self._ranges(cuq, cuk, kvlen, prefix)
 
     # ---- layout -------------------------------------------------------------------------------
 
@@ -201,41 +198,39 @@ class _Ctx:
 
     # ---- which keys each query row may see ----------------------------------------------------
 
-    def _ranges(self, cuq: Any, cuk: Any) -> None:
-        o, T, S, Tp, Sp, bq, bk, nq, nk = self.o, self.T, self.S, self.Tp, self.Sp, self.bq, self.bk, self.nq, self.nk
+    def _ranges(self, cuq: Any, cuk: Any, kvlen: Any, prefix: Any) -> None:
+        o = self.o
+        row_lo, row_hi, _, _ = mask_intervals(
+            self.T,
+            self.S,
+            causal=o.causal,
+            sliding_window=o.window,
+            cu_seqlens_q=cuq,
+            cu_seqlens_k=cuk,
+            kv_lengths=kvlen,
+            prefix_lengths=prefix,
+        )
+        structural = cuq is not None or o.causal or o.window is not None or kvlen is not None or prefix is not None
+        self.set_ranges(row_lo, row_hi, structural)
+
+    def set_ranges(self, klo: jax.Array, khi: jax.Array, structural: bool) -> None:
+        """Row ``i`` of sequence ``b`` sees the keys ``[klo[b, i], khi[b, i])`` (``[B|1, T]`` each); from them the
+        block ranges of both loops. ``structural``: the intervals exclude keys (else only padding is masked)."""
+        T, S, Tp, Sp, bq, bk, nq, nk = self.T, self.S, self.Tp, self.Sp, self.bq, self.bk, self.nq, self.nk
+        nb = klo.shape[0]
+        klo, khi = _pad_axis(klo, 1, Tp, Sp), _pad_axis(khi, 1, Tp, 0)  # padding rows see nothing
+        empty = klo >= khi
+        klo, khi = jnp.where(empty, Sp, klo), jnp.where(empty, 0, khi)  # the empty range is [Sp, 0)
+        self.row_lo = klo.reshape(nb, nq, bq).transpose(1, 0, 2)  # [nq, B|1, bq]
+        self.row_hi = khi.reshape(nb, nq, bq).transpose(1, 0, 2)
+        self.struct_mask = structural or Sp > S
+        # Key blocks [kv_lo, kv_hi) of every query block: the hull of what its rows see (in any sequence); of
+        # those, [kv_flo, kv_fhi) are seen whole by every row (rows past T are padding: they do not count).
         i = jnp.arange(Tp, dtype=jnp.int32)
-        if self.varlen:
-            # As the reference: sequence of every row/column, positions re-based per sequence.
-            n = cuq.shape[0] - 1
-            cuq, cuk = cuq.astype(jnp.int32), cuk.astype(jnp.int32)
-            sq = jnp.searchsorted(cuq, i, side="right").astype(jnp.int32) - 1
-            sk = jnp.searchsorted(cuk, jnp.arange(Sp, dtype=jnp.int32), side="right").astype(jnp.int32) - 1
-            sqc = jnp.clip(sq, 0, n - 1)
-            len_q, len_k = cuq[sqc + 1] - cuq[sqc], cuk[sqc + 1] - cuk[sqc]
-            diag = (i - cuq[sqc]) + (len_k - len_q) + cuk[sqc]  # the key index of the row's aligned diagonal
-            klo = jnp.where(sq < 0, 0, cuk[sqc])
-            khi = jnp.where(sq < 0, cuk[0], cuk[sqc + 1])
-            valid = (i < T) & (sq < n)
-            self.n_seq, self.sq, self.sk = n, sq.reshape(nq, bq), sk.reshape(nk, bk)
-        else:
-            diag = i + (S - T)
-            klo, khi, valid = jnp.zeros_like(i), jnp.full_like(i, S), i < T
-        if o.causal:
-            khi = jnp.minimum(khi, diag + 1)
-        if self.window is not None:
-            klo = jnp.maximum(klo, diag - self.window[0])
-            khi = jnp.minimum(khi, diag + self.window[1] + 1)
-        # Row i sees keys [klo, khi) at most; rows that see none get the empty range [Sp, 0).
-        empty = ~valid | (klo >= khi)
-        klo, khi = jnp.where(empty, Sp, klo), jnp.where(empty, 0, khi)
-        self.diag = diag.reshape(nq, bq)
-        self.struct_mask = self.varlen or o.causal or self.window is not None or Sp > S
-        # Key blocks [kv_lo, kv_hi) of every query block: the hull of what its rows see; of those,
-        # [kv_flo, kv_fhi) are seen whole by every row (rows past T are padding: they do not count).
-        kv_lo = klo.reshape(nq, bq).min(axis=1) // bk
-        kv_hi = cdiv(khi.reshape(nq, bq).max(axis=1), bk)
-        flo = jnp.clip(cdiv(jnp.where(i < T, klo, 0).reshape(nq, bq).max(axis=1), bk), kv_lo, kv_hi)
-        fhi = jnp.clip(jnp.where(i < T, khi, Sp).reshape(nq, bq).min(axis=1) // bk, flo, kv_hi)
+        kv_lo = self.row_lo.min(axis=(1, 2)) // bk
+        kv_hi = cdiv(self.row_hi.max(axis=(1, 2)), bk)
+        flo = jnp.clip(cdiv(jnp.where(i < T, klo, 0).reshape(nb, nq, bq).max(axis=(0, 2)), bk), kv_lo, kv_hi)
+        fhi = jnp.clip(jnp.where(i < T, khi, Sp).reshape(nb, nq, bq).min(axis=(0, 2)) // bk, flo, kv_hi)
         self.kv_lo, self.kv_hi, self.kv_flo, self.kv_fhi = (x.astype(jnp.int32) for x in (kv_lo, kv_hi, flo, fhi))
         # Query blocks [q_lo, q_hi) of every key block: the hull of those that see it, and the run
         # [q_flo, q_fhi) of those that see it whole (left empty unless they are contiguous).
@@ -278,27 +273,17 @@ class _Ctx:
     def block_mask(self, qi: Any, kj: Any, structural: bool) -> jax.Array | None:
         """What query block ``qi`` may see of key block ``kj``, broadcastable to a tile (None: all).
 
-        ``structural``: apply the causal/window/packing/padding constraints (False for blocks seen whole).
+        ``structural``: apply the rows' key intervals (causal/window/packing/lengths/padding; False for blocks
+        seen whole).
         """
-        o, bk = self.o, self.bk
         allowed = None
 
         def conj(a: Any, b: Any) -> Any:
             return b if a is None else a & b
 
         if structural and self.struct_mask:
-            j = self.cols(kj * bk + jnp.arange(bk, dtype=jnp.int32))
-            if self.Sp > self.S:
-                allowed = conj(allowed, j < self.S)
-            if self.varlen:
-                sq = self.rows(self.sq[qi])
-                allowed = conj(allowed, (sq == self.cols(self.sk[kj])) & (sq < self.n_seq))
-            if o.causal or self.window is not None:
-                diag = self.rows(self.diag[qi])
-                if o.causal:
-                    allowed = conj(allowed, j <= diag)
-                if self.window is not None:
-                    allowed = conj(allowed, (j >= diag - self.window[0]) & (j <= diag + self.window[1]))
+            j = self.cols(kj * self.bk + jnp.arange(self.bk, dtype=jnp.int32))
+            allowed = (j >= self.rows(self.row_lo[qi])) & (j < self.rows(self.row_hi[qi]))
         if self.mask is not None:
             allowed = conj(allowed, self.side_tile(self.mask, qi, kj))
         if self.qseg is not None and self.kvseg is not None:
@@ -460,9 +445,9 @@ def backward(o: Options, arrays: tuple[Any, ...], out: jax.Array, lse: jax.Array
 
 
 @partial(jax.custom_vjp, nondiff_argnums=(0,))
-def attention(o: Options, q, k, v, bias, mask, qseg, kvseg, seed, cuq, cuk):  # noqa: ANN001, ANN201
+def attention(o: Options, q, k, v, bias, mask, qseg, kvseg, seed, cuq, cuk, kvlen, prefix):  # noqa: ANN001, ANN201
     """Blockwise attention; differentiable in ``q``, ``k``, ``v`` and ``bias`` (the rest get zero cotangents)."""
-    return forward(o, _arrays((q, k, v, bias, mask, qseg, kvseg, seed, cuq, cuk)))[0]
+    return forward(o, _arrays((q, k, v, bias, mask, qseg, kvseg, seed, cuq, cuk, kvlen, prefix)))[0]
 
 
 def _arrays(arrays: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -481,7 +466,7 @@ def _attention_fwd(o: Options, *primals: Any) -> tuple[jax.Array, Any]:
 def _attention_bwd(o: Options, res: Any, g: Any) -> tuple[Any, ...]:
     arrays, out, lse = res
     dq, dk, dv, dbias = backward(o, arrays, out, lse, jnp.asarray(g), arrays[3] is not None)
-    return (dq, dk, dv, dbias, None, None, None, None, None, None)
+    return (dq, dk, dv, dbias, *(None,) * 8)
 
 
 attention.defvjp(_attention_fwd, _attention_bwd)

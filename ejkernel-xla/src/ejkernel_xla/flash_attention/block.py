@@ -19,11 +19,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ejkernel.device import cdiv
 from ejkernel.kernels.signatures._attention import key_intervals, normalize_window
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
-from ejkernel_xla.flash_attention._blockwise import F32, NEG_INF, Options, _bmm, _Ctx, _hull, _pad_axis
+from ejkernel_xla.flash_attention._blockwise import F32, NEG_INF, Options, _bmm, _Ctx
 from ejkernel_xla.flash_attention.interface import candidate_cfgs as _flash_candidates
 from ejkernel_xla.flash_attention.interface import heuristic_cfg as _flash_heuristic
 
@@ -41,34 +40,14 @@ class _IntervalCtx(_Ctx):
     ) -> None:
         self._bounds = bounds
         q, k, v, qseg, kvseg = arrays
-        super().__init__(o, (q, k, v, None, None, qseg, kvseg, None, None, None), blocks, kvm)
+        super().__init__(o, (q, k, v, None, None, qseg, kvseg, None, None, None, None, None), blocks, kvm)
 
-    def _ranges(self, cuq: Any, cuk: Any) -> None:
-        T, S, Tp, Sp, bq, bk, nq, nk = self.T, self.S, self.Tp, self.Sp, self.bq, self.bk, self.nq, self.nk
+    def _ranges(self, cuq: Any, cuk: Any, kvlen: Any, prefix: Any) -> None:
         if self._bounds is None:
-            klo, khi = jnp.zeros((T,), jnp.int32), jnp.full((T,), S, jnp.int32)
+            klo, khi = jnp.zeros((1, self.T), jnp.int32), jnp.full((1, self.T), self.S, jnp.int32)
         else:
-            klo, khi = (x.astype(jnp.int32) for x in self._bounds)
-        klo, khi = _pad_axis(klo, 0, Tp, Sp), _pad_axis(khi, 0, Tp, 0)  # padding rows see nothing
-        empty = klo >= khi
-        klo, khi = jnp.where(empty, Sp, klo), jnp.where(empty, 0, khi)
-        self.row_lo, self.row_hi = klo.reshape(nq, bq), khi.reshape(nq, bq)
-        self.struct_mask = self._bounds is not None or Sp > S
-        # From here as ``_Ctx._ranges``: the hull of the rows' intervals per query block, the blocks every
-        # real row sees whole, and the converse tables per key block for the backward.
-        i = jnp.arange(Tp, dtype=jnp.int32)
-        kv_lo = klo.reshape(nq, bq).min(axis=1) // bk
-        kv_hi = cdiv(khi.reshape(nq, bq).max(axis=1), bk)
-        flo = jnp.clip(cdiv(jnp.where(i < T, klo, 0).reshape(nq, bq).max(axis=1), bk), kv_lo, kv_hi)
-        fhi = jnp.clip(jnp.where(i < T, khi, Sp).reshape(nq, bq).min(axis=1) // bk, flo, kv_hi)
-        self.kv_lo, self.kv_hi, self.kv_flo, self.kv_fhi = (x.astype(jnp.int32) for x in (kv_lo, kv_hi, flo, fhi))
-        kb = jnp.arange(nk, dtype=jnp.int32)[None, :]
-        self.q_lo, self.q_hi = _hull((self.kv_lo[:, None] <= kb) & (kb < self.kv_hi[:, None]))
-        full = (self.kv_flo[:, None] <= kb) & (kb < self.kv_fhi[:, None])
-        qf, qfh = _hull(full)
-        contiguous = full.sum(axis=0) == qfh - qf
-        qf = jnp.clip(jnp.where(contiguous, qf, self.q_hi), self.q_lo, self.q_hi)
-        self.q_flo, self.q_fhi = qf, jnp.clip(jnp.where(contiguous, qfh, qf), qf, self.q_hi)
+            klo, khi = (x.astype(jnp.int32)[None] for x in self._bounds)
+        self.set_ranges(klo, khi, self._bounds is not None)
 
     def kv_source(self, x: jax.Array, transposed: bool = False) -> tuple[bool, jax.Array]:
         """What :meth:`kv_tile` reads: ``x`` itself when its length needs no padding (each tile is then sliced and
@@ -85,16 +64,6 @@ class _IntervalCtx(_Ctx):
             return x[kj]
         tile = lax.dynamic_slice_in_dim(x, kj * self.bk, self.bk, axis=1)  # [B, bk, K, E]
         return tile.transpose(0, 2, 3, 1) if transposed else tile.transpose(0, 2, 1, 3)
-
-    def block_mask(self, qi: Any, kj: Any, structural: bool) -> jax.Array | None:
-        allowed = None
-        if structural and self.struct_mask:
-            j = self.cols(kj * self.bk + jnp.arange(self.bk, dtype=jnp.int32))
-            allowed = (j >= self.rows(self.row_lo[qi])) & (j < self.rows(self.row_hi[qi]))
-        if self.qseg is not None and self.kvseg is not None:
-            same = self.rows(self.qseg[qi]) == self.cols(self.kvseg[kj])
-            allowed = same if allowed is None else allowed & same
-        return allowed
 
 
 def _setup(

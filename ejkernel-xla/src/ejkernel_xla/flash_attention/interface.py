@@ -48,7 +48,8 @@ def _blocks(params: Any) -> tuple[int | None, int | None]:
 def flash_attention(
     query, key, value, bias=None, *, attention_mask=None, q_segment_ids=None, kv_segment_ids=None,
     softmax_scale=None, causal=False, sliding_window=None, logits_soft_cap=None, dropout_prob=0.0,
-    dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None, fwd_params=None, bwd_params=None,
+    dropout_seed=None, cu_seqlens_q=None, cu_seqlens_k=None, kv_lengths=None, prefix_lengths=None, fwd_params=None,
+    bwd_params=None,
 ):  # fmt: skip
     """Blockwise flash attention (contract: ``ejkernel.modules.operations.flash_attention``).
 
@@ -79,7 +80,7 @@ def flash_attention(
         bwd_blocks=_blocks(bwd_params),
     )
     return attention(opts, query, key, value, bias, attention_mask, q_segment_ids, kv_segment_ids,
-                     seed, cu_seqlens_q, cu_seqlens_k)  # fmt: skip
+                     seed, cu_seqlens_q, cu_seqlens_k, kv_lengths, prefix_lengths)  # fmt: skip
 
 
 __all__ = ["candidate_cfgs", "flash_attention", "heuristic_cfg"]

@@ -31,13 +31,18 @@ def attention_allowed(
     sliding_window: int | tuple[int, int] | None = None,
     cu_seqlens_q: Any = None,
     cu_seqlens_k: Any = None,
+    kv_lengths: Any = None,
+    prefix_lengths: Any = None,
 ) -> jax.Array:
-    """The ``[T, S]`` boolean mask of the causal/window/packing rules of step 4 (True = may attend).
+    """The ``[T, S]`` boolean mask of the causal/window/packing/length rules of step 4 (True = may attend);
+    ``[B, T, S]`` when per-sequence ``kv_lengths`` or ``prefix_lengths`` (``[B]`` each) are given.
 
     The one definition of those rules: the reference and the dense implementations build their masks with it.
 
     >>> attention_allowed(2, 3, causal=True).astype(int).tolist()
     [[1, 1, 0], [1, 1, 1]]
+    >>> attention_allowed(3, 3, causal=True, prefix_lengths=jnp.array([2])).astype(int).tolist()  # prefix-LM
+    [[[1, 1, 0], [1, 1, 0], [1, 1, 1]]]
     """
     i = jnp.arange(t)[:, None]
     j = jnp.arange(s)[None, :]
@@ -57,12 +62,114 @@ def attention_allowed(
     else:
         offset = s - t
     if causal:
-        allowed &= j <= i + offset
+        seen = j <= i + offset
+        if prefix_lengths is not None:  # the prefix is seen by every row
+            seen = seen | (j < jnp.asarray(prefix_lengths)[:, None, None])
+        allowed = allowed & seen
     window = normalize_window(sliding_window)
     if window is not None:
         left, right = window
-        allowed &= (j >= i + offset - left) & (j <= i + offset + right)
+        allowed = allowed & (j >= i + offset - left) & (j <= i + offset + right)
+    if kv_lengths is not None:
+        allowed = allowed & (j < jnp.asarray(kv_lengths)[:, None, None])
     return allowed
+
+
+def mask_intervals(
+    t: int,
+    s: int,
+    *,
+    causal: bool = False,
+    sliding_window: int | tuple[int, int] | None = None,
+    cu_seqlens_q: Any = None,
+    cu_seqlens_k: Any = None,
+    kv_lengths: Any = None,
+    prefix_lengths: Any = None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """:func:`attention_allowed` as intervals, which kernels turn into block skipping.
+
+    Returns ``(row_lo, row_hi, col_lo, col_hi)``, int32: query ``i`` of sequence ``b`` admits the keys
+    ``[row_lo[b, i], row_hi[b, i])``, and key ``j`` is admitted by the queries ``[col_lo[b, j], col_hi[b, j])``
+    (``[B, T]`` and ``[B, S]`` with ``kv_lengths``/``prefix_lengths``, else ``[1, T]`` and ``[1, S]``, the same
+    for every sequence). An empty row is ``(S, 0)``, an empty column ``(T, 0)``. Every rule is an interval
+    along either axis (causal and its prefix ``[0, max(i + d + 1, prefix))``, the window, the packed sequence,
+    the key length), so their intersection is exact.
+
+    Within a sequence (the whole array without packing) whose rows and keys start at ``q0``/``k0`` and end
+    at ``q1``/``k1``, alignment is bottom-right: ``d = k1 - q1``. Rows before ``cu_seqlens_q[0]`` pair with
+    the keys before ``cu_seqlens_k[0]``, aligned like sequence 0; rows past ``cu_seqlens_q[N]`` admit nothing.
+
+    >>> lo, hi, clo, chi = mask_intervals(3, 3, causal=True, kv_lengths=jnp.array([3, 1]))
+    >>> lo.tolist(), hi.tolist()
+    ([[0, 0, 0], [0, 0, 0]], [[1, 2, 3], [1, 1, 1]])
+    >>> clo.tolist(), chi.tolist()  # sequence 1's keys 1, 2 are admitted by no query
+    ([[0, 1, 2], [0, 3, 3]], [[3, 3, 3], [3, 0, 0]])
+    """
+    i = jnp.arange(t, dtype=jnp.int32)
+    j = jnp.arange(s, dtype=jnp.int32)
+    k0: Any
+    k1: Any
+    d_row: Any
+    row_valid: Any
+    q0: Any
+    q1: Any
+    d_col: Any
+    col_valid: Any
+    if cu_seqlens_q is None:
+        k0, k1, d_row, row_valid = 0, s, s - t, True
+        q0, q1, d_col, col_valid = 0, t, s - t, True
+    else:
+        cu_q = jnp.asarray(cu_seqlens_q, jnp.int32)
+        cu_k = jnp.asarray(cu_seqlens_k, jnp.int32)
+        n = cu_q.shape[0] - 1
+        seq = jnp.searchsorted(cu_q, i, side="right").astype(jnp.int32) - 1
+        c = jnp.clip(seq, 0, n - 1)
+        k0 = jnp.where(seq < 0, 0, cu_k[c])
+        k1 = jnp.where(seq < 0, cu_k[0], cu_k[c + 1])
+        d_row = cu_k[c + 1] - cu_q[c + 1]
+        row_valid = seq < n
+        seq = jnp.searchsorted(cu_k, j, side="right").astype(jnp.int32) - 1
+        c = jnp.clip(seq, 0, n - 1)
+        q0 = jnp.where(seq < 0, 0, cu_q[c])
+        q1 = jnp.where(seq < 0, cu_q[0], cu_q[c + 1])
+        d_col = cu_k[c + 1] - cu_q[c + 1]
+        col_valid = seq < n
+    per_batch = [jnp.asarray(x, jnp.int32) for x in (kv_lengths, prefix_lengths) if x is not None]
+    nb = per_batch[0].shape[0] if per_batch else 1
+    row_lo = jnp.broadcast_to(jnp.asarray(k0, jnp.int32), (nb, t))
+    row_hi = jnp.broadcast_to(jnp.asarray(k1, jnp.int32), (nb, t))
+    col_lo = jnp.broadcast_to(jnp.asarray(q0, jnp.int32), (nb, s))
+    col_hi = jnp.broadcast_to(jnp.asarray(q1, jnp.int32), (nb, s))
+    col_valid = jnp.broadcast_to(jnp.asarray(col_valid), (nb, s))
+    # Lengths and windows are clipped to [0, T + S + 1]: beyond, they bound nothing (and int32 cannot overflow).
+    big = t + s + 1
+    if causal:
+        last = i + d_row + 1
+        first = j - d_col
+        if prefix_lengths is not None:
+            prefix = jnp.clip(jnp.asarray(prefix_lengths, jnp.int32), 0, big)[:, None]
+            last = jnp.maximum(last, prefix)
+            first = jnp.where(j < prefix, -big, first)
+        row_hi = jnp.minimum(row_hi, last)
+        col_lo = jnp.maximum(col_lo, first)
+    window = normalize_window(sliding_window)
+    if window is not None:
+        left, right = (min(w, big) for w in window)
+        row_lo = jnp.maximum(row_lo, i + d_row - left)
+        row_hi = jnp.minimum(row_hi, i + d_row + right + 1)
+        col_lo = jnp.maximum(col_lo, j - d_col - right)
+        col_hi = jnp.minimum(col_hi, j - d_col + left + 1)
+    if kv_lengths is not None:
+        length = jnp.clip(jnp.asarray(kv_lengths, jnp.int32), 0, big)[:, None]
+        row_hi = jnp.minimum(row_hi, length)
+        col_valid = col_valid & (j < length)
+    row_empty = (row_lo >= row_hi) | ~jnp.asarray(row_valid)
+    col_empty = (col_lo >= col_hi) | ~col_valid
+    row_lo = jnp.where(row_empty, s, jnp.clip(row_lo, 0, s)).astype(jnp.int32)
+    row_hi = jnp.where(row_empty, 0, jnp.clip(row_hi, 0, s)).astype(jnp.int32)
+    col_lo = jnp.where(col_empty, t, jnp.clip(col_lo, 0, t)).astype(jnp.int32)
+    col_hi = jnp.where(col_empty, 0, jnp.clip(col_hi, 0, t)).astype(jnp.int32)
+    return row_lo, row_hi, col_lo, col_hi
 
 
 def mix32(x: Any, xp: Any = np) -> Any:

@@ -153,6 +153,20 @@ def check_cu_seqlens(op: str, name: str, x: Any, batch: int, length: int, axis: 
     return shape(x)[0] - 1
 
 
+def check_lengths(op: str, name: str, x: Any, batch: int, length: int, axis: str = "S") -> None:
+    """Per-sequence lengths: ``x`` a 1-D integer array ``[B]`` with values within ``[0, length]`` (see
+    ``check_values``), ``length`` the size of the axis ``axis`` they count along."""
+    if len(shape(x)) != 1 or not is_int_array(x) or shape(x)[0] != batch:
+        raise ValueError(f"{op}: {name} must be a 1-D integer array [B] = [{batch}], got {describe(x)}")
+
+    def values(v: np.ndarray) -> None:
+        at = first((v.astype(np.int64) < 0) | (v.astype(np.int64) > length))
+        if at is not None:
+            raise ValueError(f"{op}: {name}[{at[0]}] = {v[at]} is outside [0, {axis}] = [0, {length}]")
+
+    check_values(values, x)
+
+
 def check_scale(op: str, name: str, x: Any) -> None:
     """A scale option: a Python float (or int) or None (``TypeError``); a bool is no scale."""
     if x is not None and (isinstance(x, bool) or not isinstance(x, int | float)):

@@ -21,6 +21,7 @@ from ejkernel.modules.operations.gated_delta_rule import GatedDeltaRule, gated_d
 from ejkernel.modules.operations.gla import GLA, gla
 from ejkernel.modules.operations.grouped_matmul import GroupedMatmul, grouped_matmul
 from ejkernel.modules.operations.lightning_attn import LightningAttn, lightning_attn
+from ejkernel.modules.operations.mask_info import MaskInfo
 from ejkernel.modules.operations.mean_pooling import MeanPooling, mean_pooling
 from ejkernel.modules.operations.multi_head_latent_attention import (
     MultiHeadLatentAttention,
@@ -44,6 +45,7 @@ __all__ = [
     *_configs,
     "FlashAttention",
     "flash_attention",
+    "MaskInfo",
     "MultiHeadLatentAttention",
     "flash_mla",
     "multi_head_latent_attention",

@@ -15,7 +15,10 @@ Semantics, in the order they apply to the scores of query i and key j:
    along T and S, keys attend only within their own sequence, and causal/window alignment is per
    sequence (``cu_seqlens_q`` non-decreasing within ``[0, T]``, ``cu_seqlens_k`` within ``[0, S]``: checked
    when concrete; under ``jit`` unchecked unless ``EJKERNEL_CHECKS=1``, and a violation gives a wrong
-   output without an error);
+   output without an error); ``kv_lengths[b]``: ``j < kv_lengths[b]``; ``prefix_lengths[b]`` (prefix-LM,
+   with ``causal``): ``j < prefix_lengths[b]`` is admitted whatever the causal rule says (the window still
+   applies). Lengths are within ``[0, S]`` (checked as ``cu_seqlens`` are). A ``MaskInfo`` passed as
+   ``attention_mask`` is these rules, folded into the arguments above (``mask_info.merge_mask_info``);
 5. softmax over the admitted keys in float32; a row with no admitted key gives zeros (never NaN);
 6. dropout: probability ``p`` is dropped and survivors are scaled by ``1 / (1 - p)``; whether
    ``(b, h, i, j)`` survives is ``dropout_keep(seed, b, h, i, j, H, p)`` (in ``ejkernel.kernels.signatures._attention``),
@@ -44,6 +47,7 @@ from ejkernel.kernels.signatures._checks import (
     check_bool,
     check_cu_seqlens,
     check_float,
+    check_lengths,
     check_query_key_value,
     check_scale,
     check_segment_ids,
@@ -58,6 +62,7 @@ from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import attention_zeros
 from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import FlashAttentionConfig
+from ejkernel.modules.operations.mask_info import MaskInfo, merge_mask_info
 from ejkernel.ops import Invocation, Kernel
 
 OP = "flash_attention"
@@ -98,6 +103,8 @@ def validate(
     dropout_seed: Any = None,
     cu_seqlens_q: Any = None,
     cu_seqlens_k: Any = None,
+    kv_lengths: Any = None,
+    prefix_lengths: Any = None,
     **_: Any,
 ) -> None:
     """Check a ``flash_attention`` call; raise an error naming the argument, what was expected and what came."""
@@ -124,8 +131,20 @@ def validate(
                 f"{OP}: cu_seqlens_q and cu_seqlens_k must have the same length, "
                 f"got {n + 1} and {shape(cu_seqlens_k)[0]}"
             )
-    check_scale(OP, "softmax_scale", softmax_scale)
+    for name, lengths in (("kv_lengths", kv_lengths), ("prefix_lengths", prefix_lengths)):
+        if lengths is not None:
+            if cu_seqlens_q is not None:
+                raise ValueError(
+                    f"{OP}: {name} is per batch row; with cu_seqlens_q/cu_seqlens_k the sequences' "
+                    "lengths are their offsets, pass one or the other"
+                )
+            check_lengths(OP, name, lengths, b, s)
     check_bool(OP, "causal", causal)
+    if prefix_lengths is not None and not causal:
+        raise ValueError(
+            f"{OP}: prefix_lengths needs causal=True (prefix-LM: the prefix is seen by every row, the rest causally)"
+        )
+    check_scale(OP, "softmax_scale", softmax_scale)
     check_window(OP, "sliding_window", sliding_window)
     check_soft_cap(OP, logits_soft_cap)
     if not (isinstance(dropout_prob, int | float) and 0.0 <= dropout_prob < 1.0):
@@ -182,7 +201,7 @@ def flash_attention(
     value: Float[ArrayIn, "B S K Dv"],
     bias: Float[ArrayIn, "#B #H #T S"] | None = None,
     *,
-    attention_mask: Bool[ArrayIn, "#B #H #T S"] | None = None,
+    attention_mask: Bool[ArrayIn, "#B #H #T S"] | MaskInfo | None = None,
     q_segment_ids: Int[ArrayIn, "B T"] | None = None,
     kv_segment_ids: Int[ArrayIn, "B S"] | None = None,
     softmax_scale: float | None = None,
@@ -193,6 +212,8 @@ def flash_attention(
     dropout_seed: int | Int[ArrayIn, ""] | None = None,
     cu_seqlens_q: Int[ArrayIn, "N1"] | None = None,
     cu_seqlens_k: Int[ArrayIn, "N1"] | None = None,
+    kv_lengths: Int[ArrayIn, "B"] | None = None,
+    prefix_lengths: Int[ArrayIn, "B"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: FlashAttentionConfig | None = None,
@@ -211,7 +232,8 @@ def flash_attention(
         value: ``[B, S, K, Dv]``.
         bias: added to the scaled scores, broadcastable ``[B|1, H|1, T|1, S]``; differentiable.
         attention_mask: boolean ``[B|1, H|1, T|1, S]``, True where a query may attend a key (``T`` = 1: a
-            key-padding mask, the same for every query row).
+            key-padding mask, the same for every query row); or a :class:`~ejkernel.modules.MaskInfo`, the
+            rules below as one object, which kernels turn into block skipping without a dense mask.
         q_segment_ids, kv_segment_ids: ``[B, T]`` and ``[B, S]`` ints; attend only within equal ids.
         softmax_scale: scale of the scores, default ``D ** -0.5``.
         causal: query i attends keys ``j <= i + S - T`` (bottom-right aligned, as FlashAttention 2).
@@ -222,6 +244,9 @@ def flash_attention(
             step, each layer), the same in the forward and backward; pass ``dropout_seed`` (e.g. the step
             number) to choose it.
         cu_seqlens_q, cu_seqlens_k: ``[N+1]`` offsets of packed sequences (B must be 1).
+        kv_lengths: ``[B]`` ints; sequence ``b`` attends keys ``j < kv_lengths[b]`` (right padding).
+        prefix_lengths: ``[B]`` ints, prefix-LM (needs ``causal``): keys ``j < prefix_lengths[b]`` are seen
+            by every query of sequence ``b``.
         platform: one implementation by name (``"xla"``, ``"cudnn"``, ``"triton"``, ``"mosaic_gpu"``; ``ejkernel
             info`` lists them), or all of a platform's (``"pallas"``); default: any.
         backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
@@ -244,6 +269,22 @@ def flash_attention(
     >>> flash_attention(q, k, v, causal=True).shape
     (2, 128, 8, 64)
     """
+    if isinstance(attention_mask, MaskInfo):
+        rules = merge_mask_info(
+            attention_mask,
+            {
+                "causal": causal,
+                "sliding_window": sliding_window,
+                "q_segment_ids": q_segment_ids,
+                "kv_segment_ids": kv_segment_ids,
+                "kv_lengths": kv_lengths,
+                "prefix_lengths": prefix_lengths,
+            },
+            OP,
+        )
+        attention_mask, causal, sliding_window = None, rules["causal"], rules["sliding_window"]
+        q_segment_ids, kv_segment_ids = rules["q_segment_ids"], rules["kv_segment_ids"]
+        kv_lengths, prefix_lengths = rules["kv_lengths"], rules["prefix_lengths"]
     # A key-padding mask or bias ``[B|1, H|1, 1, S]`` (as Flax and jax.nn take it) applies to every query row.
     bias, attention_mask = (_rows_broadcast(x, query, key) for x in (bias, attention_mask))
     arrays = {
@@ -257,6 +298,8 @@ def flash_attention(
         "dropout_seed": dropout_seed,
         "cu_seqlens_q": cu_seqlens_q,
         "cu_seqlens_k": cu_seqlens_k,
+        "kv_lengths": kv_lengths,
+        "prefix_lengths": prefix_lengths,
     }
     options = {
         "softmax_scale": softmax_scale,

@@ -70,7 +70,9 @@ def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...]
     - ``bias_full``: bias ``[B, H, T, S]``; ``bias_heads``: bias ``[1, H, T, S]`` (broadcast over the batch);
     - ``attention_mask``: bool ``[B, 1, T, S]``, row 3 of batch 0 masked whole;
     - ``segment_ids``: sorted ``q_segment_ids``/``kv_segment_ids``, the last query in segment 7, which has no key;
-    - ``cu_seqlens``: three packed sequences (B must be 1), the middle one empty on the query side.
+    - ``cu_seqlens``: three packed sequences (B must be 1), the middle one empty on the query side;
+    - ``kv_lengths``: ``[B]`` key lengths, sequence 0 whole, the last one (B >= 3) without keys, the rest at random;
+    - ``prefix_lengths``: ``[B]`` prefix-LM prefixes at random in ``[0, S]`` (the case sets ``causal``).
     """
     kq, kk, kv, kb, km = jax.random.split(key, 5)
     q, k, v = qkv(case, dtype, (kq, kk, kv))
@@ -91,6 +93,11 @@ def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...]
         elif name == "cu_seqlens":
             kwargs["cu_seqlens_q"] = jnp.array([0, 17, 17, case.t], jnp.int32)
             kwargs["cu_seqlens_k"] = jnp.array([0, 20, 31, case.s], jnp.int32)
+        elif name == "kv_lengths":
+            lengths = jax.random.randint(km, (case.b,), 1, case.s + 1).at[0].set(case.s)
+            kwargs["kv_lengths"] = lengths.at[-1].set(0) if case.b >= 3 else lengths
+        elif name == "prefix_lengths":
+            kwargs["prefix_lengths"] = jax.random.randint(kb, (case.b,), 0, case.s + 1)
         else:
             raise ValueError(f"unknown extra array {name!r}")
     args = (q, k, v) if bias is None else (q, k, v, bias)

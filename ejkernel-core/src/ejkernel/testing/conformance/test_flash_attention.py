@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from ejkernel.modules import flash_attention
+from ejkernel.modules import MaskInfo, flash_attention
 from ejkernel.modules.operations.flash_attention import _kernel
 from ejkernel.testing import reference
 from ejkernel.testing.conformance._attention import (
@@ -71,6 +71,14 @@ CASES = [
     Case("length_one_query", t=1, s=29, options=(("causal", True),)),
     Case("length_one_both", t=1, s=1),
     Case("batch_one_head_dim_64", b=1, t=20, s=20, h=2, k=2, d=64, options=(("causal", True),)),
+    Case("kv_lengths", b=3, arrays=("kv_lengths",)),
+    Case(
+        "prefix_lm_lengths_bias",
+        t=41,
+        s=41,
+        arrays=("prefix_lengths", "kv_lengths", "bias_heads"),
+        options=(("causal", True), ("sliding_window", (24, 0))),
+    ),
 ]
 # The GPU tier's realistic shapes: head dim 128, GQA, lengths of many blocks of any tile and a multiple of none.
 GPU_CASES = [
@@ -89,6 +97,17 @@ GPU_CASES = [
     Case("gpu_varlen", b=1, t=2053, s=2053, h=8, k=2, d=128, arrays=("cu_seqlens",), options=(("causal", True),)),
     Case("gpu_bias_mqa", t=1031, s=1031, h=8, k=1, d=128, arrays=("bias_heads",)),
     Case("gpu_decode", b=16, t=1, s=4099, h=32, k=8, d=128),
+    Case(
+        "gpu_prefix_lm_lengths",
+        b=3,
+        t=1031,
+        s=1031,
+        h=8,
+        k=2,
+        d=128,
+        arrays=("prefix_lengths", "kv_lengths"),
+        options=(("causal", True),),
+    ),
 ]
 GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
@@ -207,6 +226,35 @@ def test_jit_and_vmap_agree_with_eager(impl):
     assert_jit_and_vmap_agree_with_eager(lambda *a: call(impl, *a, causal=True), args, seed)
 
 
+def test_mask_info_is_its_dense_mask(impl):
+    """A ``MaskInfo`` (lengths, prefix-LM, window, segments) gives what its dense mask gives, also under
+    ``jit`` (the mask an argument) and ``vmap`` (over stacked batches, the lengths mapped too)."""
+    key, seed = fresh_key()
+    case = Case("mask_info", b=3, t=29, s=29, h=2, k=1, d=16, arrays=("kv_lengths", "prefix_lengths", "segment_ids"))
+    args, kw = make_inputs(case, "float32", key)
+    mask = (
+        MaskInfo.from_lengths(kw["kv_lengths"])
+        & MaskInfo.prefix_lm(kw["prefix_lengths"])
+        & MaskInfo.window((12, 3))
+        & MaskInfo.from_segment_ids(kw["q_segment_ids"], kw["kv_segment_ids"])
+    )
+    skip_if_unsupported(impl, args, mask.flash_attention_arguments())
+    want = reference.flash_attention(*args, attention_mask=mask.to_dense(case.t, case.s))
+    got = jax.jit(lambda m, *a: call(impl, *a, attention_mask=m))(mask, *args)
+    assert_close(got, want, FWD_RTOL["float32"], "MaskInfo forward", seed)
+    stacked = jax.tree.map(lambda x: jnp.stack([x, x[::-1]]), (args, mask))
+    got = jax.vmap(lambda a, m: call(impl, *a, attention_mask=m))(*stacked)
+    flipped = MaskInfo(
+        **{
+            **mask.flash_attention_arguments(),
+            **{n: x[::-1] for n, x in mask.flash_attention_arguments().items() if isinstance(x, jax.Array)},
+        }
+    )
+    want_flipped = reference.flash_attention(*(a[::-1] for a in args), attention_mask=flipped.to_dense(case.t, case.s))
+    assert_close(got[0], want, FWD_RTOL["float32"], "MaskInfo under vmap", seed)
+    assert_close(got[1], want_flipped, FWD_RTOL["float32"], "MaskInfo under vmap (second element)", seed)
+
+
 # (id, make(q, k, v) -> (args, kwargs), what the message says): the checks of q/k/v every attention op makes,
 # those of the options flash_attention shares with attention, and its own.
 BAD_INPUTS: list[BadInput] = [
@@ -223,6 +271,25 @@ BAD_INPUTS: list[BadInput] = [
         "batch must be 1",
     ),
     ("unknown_option", lambda q, k, v: ((q, k, v), {"casual": True}), "casual"),
+    (
+        "kv_lengths_shape",
+        lambda q, k, v: ((q, k, v), {"kv_lengths": jnp.array([8, 8, 8])}),
+        r"kv_lengths must be a 1-D integer array \[B\] = \[2\]",
+    ),
+    ("kv_lengths_range", lambda q, k, v: ((q, k, v), {"kv_lengths": jnp.array([8, 9])}), r"kv_lengths\[1\] = 9"),
+    (
+        "prefix_not_causal",
+        lambda q, k, v: ((q, k, v), {"prefix_lengths": jnp.array([2, 3])}),
+        "prefix_lengths needs causal=True",
+    ),
+    (
+        "mask_info_twice",
+        lambda q, k, v: (
+            (q, k, v),
+            {"attention_mask": MaskInfo.prefix_lm(jnp.array([1, 2])), "prefix_lengths": jnp.array([1, 2])},
+        ),
+        "prefix_lengths is given both directly and by attention_mask",
+    ),
 ]
 
 

@@ -30,6 +30,8 @@ def flash_attention(
     dropout_seed: Any = None,
     cu_seqlens_q: jax.Array | None = None,
     cu_seqlens_k: jax.Array | None = None,
+    kv_lengths: jax.Array | None = None,
+    prefix_lengths: jax.Array | None = None,
     return_lse: bool = False,
 ) -> Any:
     """Dense attention with every option of ``ejkernel.kernels`` ``flash_attention``, computed in float32.
@@ -56,8 +58,16 @@ def flash_attention(
     if logits_soft_cap is not None:
         scores = logits_soft_cap * jnp.tanh(scores / logits_soft_cap)
     allowed = attention_allowed(
-        t, s, causal=causal, sliding_window=sliding_window, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k
-    )[None, None]
+        t,
+        s,
+        causal=causal,
+        sliding_window=sliding_window,
+        cu_seqlens_q=cu_seqlens_q,
+        cu_seqlens_k=cu_seqlens_k,
+        kv_lengths=kv_lengths,
+        prefix_lengths=prefix_lengths,
+    )
+    allowed = allowed[:, None] if allowed.ndim == 3 else allowed[None, None]
     if attention_mask is not None:
         allowed = allowed & attention_mask
     if q_segment_ids is not None:
