@@ -1,7 +1,7 @@
 """The timer the autotuner and the benchmarks share (``ejkernel.ops.timing``), and the device fingerprint.
 
 Timings here run on a CPU that other work shares: the bounds are loose (the 5% goal is the GPU's, measured
-by ``ejkernel-triton/benchmarks/timer_repeatability.py``), and what must hold on any machine (how many calls
+by a repeatability script, since removed: BENCHMARKS.md has its figures), and what must hold on any machine (how many calls
 ran, what was hoisted, what failed) is checked exactly.
 """
 

@@ -78,7 +78,7 @@ class Options:
 
 # Chunk sizes. Up to STEP_MAX_T tokens (decoding, short prompts) the step-by-step recurrence; longer inputs
 # chunks of DEFAULT_CHUNK: on a shared 2-core CPU (B=1, H=4, T=4096, K=V=64, float32;
-# benchmarks/linear_attention_cpu.py) forward+backward took 105 ms with chunks of 64, 115-119 with 128 or
+# a benchmark script since replaced by `ejkernel bench gla --preset linear-attn-cpu`) forward+backward took 105 ms with chunks of 64, 115-119 with 128 or
 # 32, 154 with 16 and 268 step by step (68 / 76-81 / 115 / 226 ms on a quieter run). The autotuner times
 # CANDIDATE_CHUNKS, the step-by-step form included: the fastest forward on CPU (17 vs 36 ms), and its
 # backward keeps ~2 sqrt(T) states, so it is a safe candidate at any length.

@@ -61,6 +61,21 @@ PRESETS: dict[str, Preset] = {
         ("B=4,T=4096,H=16,K=128,V=128", "B=4,T=1024,H=16,K=128,V=128"),
         about="the gated delta rule",
     ),
+    # Were ejkernel-xla/benchmarks/flash_attention_cpu.py and linear_attention_cpu.py (their times; the memory
+    # scaling is a test now, tests/xla/test_flash_attention_memory.py).
+    "flash-cpu": Preset(
+        "flash_attention",
+        _both("B=1,H=8,T=2048,D=64", "B=1,H=8,T=8192,D=64"),
+        passes=("fwd",),
+        dtype="float32",
+        about="the XLA blockwise kernel against dense XLA attention on a CPU",
+    ),
+    "linear-attn-cpu": Preset(
+        "gla",
+        ("B=1,T=4096,H=4,K=64,V=64",),
+        dtype="float32",
+        about="chunked gla on a CPU (the reference: step by step)",
+    ),
     "tiny-cpu": Preset(
         "flash_attention", ("B=1,H=2,T=64,D=32", "B=1,H=2,T=128,D=32,causal=1"), ("fwd",), "float32", "CI smoke test"
     ),
