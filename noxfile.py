@@ -7,12 +7,12 @@
   or the core with exactly that plugin, installed as a user installs them (not editable). Each
   checks that exactly the expected plugins load (``tests/install``, told by
   ``EJKERNEL_EXPECT_PLUGINS``) and, where the plugin has kernels, that they pass the conformance suites
-  installed alone (``tests/conformance``). ``core`` also runs the core's own tests and the references'
-  hand-checked cases without any plugin (``tests/core``, ``tests/reference``). The suites that ``tests``
-  already runs on the same kernels are not repeated in full: each runs the suites' forward/gradient
-  comparisons (a smoke test of the installed package; for ``pallas`` the Mosaic TPU kernels in JAX's TPU
-  interpreter, which ``tests/pallas`` also runs at other shapes; for ``triton`` its GPU registrations,
-  interpreted).
+  installed alone (``tests/conformance``). ``core`` also runs the references' hand-checked cases without any
+  plugin (``tests/reference``; ``tests`` runs the core's own tests, which register the references as a
+  plugin of their own). The suites that ``tests`` already runs on the same kernels are not repeated in full:
+  each runs the suites' float32 comparisons with the reference (a smoke test of the installed package; for
+  ``pallas`` the Mosaic TPU kernels in JAX's TPU interpreter, which ``tests/pallas`` also runs at other
+  shapes; for ``triton`` its GPU registrations, interpreted).
 - ``lint``: ``ruff format --check``, ``ruff check`` and ``mypy`` (configured in pyproject.toml).
 - ``demo``: the core and the XLA plugin; runs demo/transformer_block.py, then ``ejkernel info``.
 - ``docs``: builds the documentation site (mkdocs.yml: docs/ and the API reference generated from the
@@ -41,7 +41,9 @@ PLUGINS = ("xla", "triton", "pallas", "cuda")
 # Plugins that register kernels, so that the conformance suites have something of theirs to check, and
 # the pytest options that select them: Triton's kernels are registered for GPUs, and on a CPU the
 # suites run them in Triton's interpreter (EJKERNEL_TRITON_INTERPRET=1 below).
-SMOKE = ("-k", "(match_reference or matches_reference) and not candidate")
+# The smoke test of an installed plugin: the suites' float32 comparisons with the reference (``tests`` runs
+# every case and dtype once, with every plugin installed).
+SMOKE = ("-k", "(match_reference or matches_reference) and not candidate and float32")
 CONFORMANCE = {"xla": SMOKE, "triton": ("--ejkernel-backend=gpu", *SMOKE), "pallas": SMOKE}
 # The CPU test set-up of docs/design.md §11: 8 simulated devices for sharding, Triton kernels interpreted.
 TEST_ENV = {
@@ -117,14 +119,16 @@ def tests(session: nox.Session) -> None:
             "README.md",
             expect=None,
         )
-    _pytest(session, "tests", expect=PLUGINS)
+    # tests/reference (the references' hand-checked cases, no plugin involved) runs in ``core``.
+    _pytest(session, "tests", "--ignore=tests/reference", expect=PLUGINS)
 
 
 @nox.session(python=PYTHON)
 def core(session: nox.Session) -> None:
-    """The core alone, as a user installs it: no plugin loads, and a call says what to install."""
+    """The core alone, as a user installs it: no plugin loads, and a call says what to install; the references'
+    hand-checked cases."""
     _install(session, "core", editable=False)
-    _pytest(session, "tests/core", "tests/reference", "tests/install", expect=())
+    _pytest(session, "tests/reference", "tests/install", expect=())
 
 
 def _plugin_session(plugin: str) -> None:
