@@ -14,6 +14,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Shape = dict[str, Any]
 
@@ -133,11 +134,30 @@ def _ragged_decode(s: Shape, dtype: Any) -> Inputs:
     return Inputs((q, k, v, start, jnp.full((s["B"],), s["L"], jnp.int32)), {}, ())
 
 
+def zipf_group_sizes(m: int, g: int, exponent: float = 1.2, empty: int = 2, seed: int = 0) -> np.ndarray:
+    """Group sizes of ``m`` rows routed to ``g`` experts by a Zipf law (expert of rank ``r`` drawn with probability
+    ``∝ r ** -exponent``, ranks shuffled), the ``empty`` least likely experts left without rows (when ``g > empty``).
+
+    >>> sizes = zipf_group_sizes(16384, 8)
+    >>> int(sizes.sum()), int((sizes == 0).sum()), int(sizes.max()) > 3 * 16384 // 8  # the largest: over 3x a fair share
+    (16384, 2, True)
+    """
+    rng = np.random.default_rng(seed)
+    p = np.arange(1, g + 1, dtype=np.float64) ** -exponent
+    if g > empty:
+        p[g - empty :] = 0.0
+    p = p[rng.permutation(g)]
+    return np.bincount(rng.choice(g, size=m, p=p / p.sum()), minlength=g).astype(np.int32)
+
+
 def _grouped(s: Shape, dtype: Any) -> Inputs:
     kl, kr = jax.random.split(jax.random.key(0))
     lhs = _normal(kl, (s["M"], s["K"]), dtype)
     rhs = _normal(kr, (s["G"], s["K"], s["N"]), dtype)
-    sizes = jnp.full((s["G"],), s["M"] // s["G"], jnp.int32)
+    if s["zipf"]:  # imbalanced routing, some experts empty
+        sizes = jnp.asarray(zipf_group_sizes(s["M"], s["G"]))
+    else:
+        sizes = jnp.full((s["G"],), s["M"] // s["G"], jnp.int32)
     return Inputs((lhs, rhs, sizes), {}, (0, 1))
 
 
@@ -213,7 +233,7 @@ CASES: dict[str, Case] = {
         Case(
             "grouped_matmul",
             ("G", "M", "K", "N"),
-            {"G": 8, "M": 16384, "K": 4096, "N": 4096},
+            {"G": 8, "M": 16384, "K": 4096, "N": 4096, "zipf": False},
             _grouped,
             _grouped_flops,
             "TFLOP/s",

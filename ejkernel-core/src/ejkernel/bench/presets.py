@@ -50,8 +50,15 @@ PRESETS: dict[str, Preset] = {
     ),
     "moe": Preset(
         "grouped_matmul",
-        ("G=8,M=16384,K=4096,N=4096", "G=64,M=16384,K=4096,N=1024", "G=8,M=8192,K=4096,N=14336"),
-        about="mixture-of-experts grouped matmul",
+        (
+            "G=8,M=16384,K=4096,N=4096",
+            "G=8,M=16384,K=4096,N=4096,zipf=1",  # Zipf-imbalanced routing, two experts empty
+            "G=64,M=16384,K=4096,N=1024",
+            "G=8,M=8192,K=4096,N=14336",  # Mixtral-like
+            "G=256,M=32768,K=7168,N=2048",  # DeepSeek-V3-like: 4096 tokens routed to 8 of 256 experts
+            "G=256,M=32768,K=7168,N=2048,zipf=1",
+        ),
+        about="mixture-of-experts grouped matmul: balanced and Zipf-imbalanced groups, Mixtral and DeepSeek-V3 shapes",
     ),
     "linear-attn": Preset(
         "gla", ("B=4,T=4096,H=16,K=128,V=128", "B=4,T=1024,H=16,K=128,V=128"), about="gated linear attention"
