@@ -101,3 +101,23 @@ def test_packed_sequences_run_separately_and_an_empty_one_keeps_its_state():
         np.testing.assert_allclose(o[:, lo:hi], o_n, rtol=1e-6)
         np.testing.assert_allclose(s[n], s_n[0], rtol=1e-6)
     np.testing.assert_array_equal(s[1], s0[1])
+
+
+def test_grouped_value_heads_are_single_heads_reading_their_query_key_head():
+    # H=2 query/key heads, HV=4 value heads: value head hv is the one-head rule over q, k head hv // 2 with
+    # its own v, g, beta and state.
+    q, k = jax.random.normal(jax.random.key(6), (2, 2, 5, 2, 3))
+    v = jax.random.normal(jax.random.key(7), (2, 5, 4, 2))
+    g = -jax.nn.softplus(jax.random.normal(jax.random.key(8), (2, 5, 4)))
+    beta = jax.nn.sigmoid(jax.random.normal(jax.random.key(9), (2, 5, 4)))
+    s0 = jax.random.normal(jax.random.key(10), (2, 4, 3, 2))
+    o, s = gated_delta_rule(q, k, v, g, beta, initial_state=s0, output_final_state=True, use_qk_l2norm=True)
+    assert o.shape == (2, 5, 4, 2) and s.shape == (2, 4, 3, 2)
+    for hv in range(4):
+        one, mine = slice(hv // 2, hv // 2 + 1), slice(hv, hv + 1)
+        o_h, s_h = gated_delta_rule(
+            q[:, :, one], k[:, :, one], v[:, :, mine], g[:, :, mine], beta[:, :, mine],
+            initial_state=s0[:, mine], output_final_state=True, use_qk_l2norm=True,
+        )  # fmt: skip
+        np.testing.assert_allclose(o[:, :, mine], o_h, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(s[:, mine], s_h, rtol=1e-5, atol=1e-6)

@@ -79,3 +79,22 @@ def test_low_precision_input_gives_its_dtype_and_a_float32_state():
     assert o.dtype == jnp.bfloat16 and s.dtype == jnp.float32
     o, s = gla(x, x, x, jnp.zeros((1, 3, 1, 2)))
     assert s is None
+
+
+def test_grouped_value_heads_are_single_heads_reading_their_query_key_head():
+    # H=2 query/key heads, HV=4 value heads: value head hv is the one-head recurrence over q, k head hv // 2
+    # with its own v, g and state.
+    rng = np.random.default_rng(3)
+    q, k = (jnp.asarray(rng.standard_normal((2, 5, 2, 3)), jnp.float32) for _ in range(2))
+    v = jnp.asarray(rng.standard_normal((2, 5, 4, 2)), jnp.float32)
+    g = jnp.asarray(-rng.uniform(0, 1, (2, 5, 4, 3)), jnp.float32)
+    h0 = jnp.asarray(rng.standard_normal((2, 4, 3, 2)), jnp.float32)
+    o, s = gla(q, k, v, g, initial_state=h0, output_final_state=True)
+    assert o.shape == (2, 5, 4, 2) and s.shape == (2, 4, 3, 2)
+    for hv in range(4):
+        one = slice(hv // 2, hv // 2 + 1)
+        mine = slice(hv, hv + 1)
+        o_h, s_h = gla(q[:, :, one], k[:, :, one], v[:, :, mine], g[:, :, mine], initial_state=h0[:, mine],
+                       output_final_state=True)  # fmt: skip
+        np.testing.assert_allclose(np.asarray(o)[:, :, mine], np.asarray(o_h), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(np.asarray(s)[:, mine], np.asarray(s_h), rtol=1e-5, atol=1e-6)

@@ -7,6 +7,10 @@ scan's residuals: one ``[K, V]`` state per chunk and head plus ``O(T C)`` per he
 chunk matrices (``T / C`` states of ``K V`` floats: with C = 64 and K = V = 128, 256 floats per token
 and head). The recurrence (chunk size 1) keeps a state per token instead, so it is meant for short
 sequences and decoding.
+
+Grouped value heads (``HV`` a multiple of ``H``): ``q`` and ``k`` are repeated to the value heads inside the
+compiled program, outside the ``custom_vjp`` (``repeat_query_key_heads``), so the chunked form sees one head
+count and the gradients of ``q`` and ``k`` sum over each group (the repeat's transpose).
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from functools import partial
 from typing import Any
 
 import jax
+
+from ejkernel.kernels.signatures._linear_attention import repeat_query_key_heads
 
 from ejkernel_xla.gated_delta_rule._chunked import Options, forward
 from ejkernel_xla.params import DeltaRuleParams, coerce
@@ -87,8 +93,16 @@ def _bwd(opts: Options, args: Any, ct: Any) -> Any:
 
 
 _gated_delta_rule.defvjp(_fwd, _bwd)
+
+
+def _grouped(opts: Options, q: Any, k: Any, v: Any, *rest: Any) -> Any:
+    """Grouped value heads: ``q``, ``k`` repeated to ``v``'s heads, then the one-head-count op."""
+    q, k = repeat_query_key_heads(q, k, v.shape[2])
+    return _gated_delta_rule(opts, q, k, v, *rest)
+
+
 # Compiled as one program also when called eagerly (op-by-op dispatch of the scans is slow to start).
-_run = jax.jit(_gated_delta_rule, static_argnums=(0,))
+_run = jax.jit(_grouped, static_argnums=(0,))
 
 
 def gated_delta_rule(

@@ -1,6 +1,12 @@
-"""Plain XLA ``gla``: the chunked linear-attention engine (``ejkernel_xla._linear_attention``)."""
+"""Plain XLA ``gla``: the chunked linear-attention engine (``ejkernel_xla._linear_attention``).
+
+Grouped value heads (``HV`` a multiple of ``H``): ``q`` and ``k`` are repeated to the value heads first
+(``repeat_query_key_heads``), so the engine sees one head count; their gradients sum over each group.
+"""
 
 from __future__ import annotations
+
+from ejkernel.kernels.signatures._linear_attention import repeat_query_key_heads
 
 from ejkernel_xla._linear_attention import candidate_cfgs, heuristic_cfg, linear_attention, options
 
@@ -18,6 +24,7 @@ def gla(
     opts = options(
         t, dk**-0.5 if scale is None else scale, fwd_params, bwd_params, output_final_state=output_final_state
     )
+    q, k = repeat_query_key_heads(q, k, v.shape[2])
     return linear_attention(opts, q, k, v, g, None, initial_state, cu_seqlens)
 
 

@@ -30,10 +30,11 @@ def attention_zeros(arguments: Mapping[str, Any], q: str = "query", k: str = "ke
 
 
 def linear_attention_zeros(arguments: Mapping[str, Any]) -> Any:
-    """``(o, final_state)`` of a linear-attention op when ``o [B, T, H, V]`` is empty (``B == 0`` or ``H == 0``;
-    the contracts refuse ``T == 0``): the final state ``[B or N, H, K, V]`` is then empty too."""
-    b, t, h, dk = np.shape(arguments["q"])
-    dv = np.shape(arguments["v"])[-1]
+    """``(o, final_state)`` of a linear-attention op when ``o [B, T, HV, V]`` is empty (``B == 0`` or ``HV == 0``;
+    the contracts refuse ``T == 0``): the final state ``[B or N, HV, K, V]`` is then empty too. ``HV`` is the
+    value heads (``v``'s), which are the heads of every op but the grouped ones (``gla``, ``gated_delta_rule``)."""
+    b, t, _, dk = np.shape(arguments["q"])
+    h, dv = np.shape(arguments["v"])[2:]
     o = zeros_if_empty((b, t, h, dv), arguments["q"].dtype)
     if o is None:
         return None

@@ -1,9 +1,16 @@
 """The ``gated_delta_rule`` contract (the recurrence of Gated DeltaNet).
 
-Shapes: B batch, T length, H heads, K query/key head dim, V value head dim, N packed sequences.
+Shapes: B batch, T length, H query/key heads, HV value heads (a multiple of H; HV == H is plain
+multi-head), K query/key head dim, V value head dim, N packed sequences.
 
-For every batch row (or packed sequence) and head, with a state ``S`` of shape ``[K, V]`` that starts
-at ``initial_state`` (zeros when absent), token by token (``a_t = exp(g_t)``):
+Grouped value heads (Qwen3-Next's Gated DeltaNet: 16 query/key heads, 32 value heads): value head ``hv``
+reads query/key head ``hv // (HV // H)`` (the grouping of GQA in flash attention: consecutive value heads
+share a query/key head). The gates ``g`` and ``beta``, the state and the output follow the value heads:
+every value head has its own gates and state.
+
+For every batch row (or packed sequence) and value head, with a state ``S`` of shape ``[K, V]`` that starts
+at ``initial_state`` (zeros when absent), token by token (``a_t = exp(g_t)``; ``q_t``, ``k_t`` of the value
+head's query/key head):
 
 1. with ``use_qk_l2norm``: ``q_t = q_t / sqrt(|q_t|^2 + 1e-6)``, likewise ``k_t`` (in float32);
 2. ``S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``, that is: decay the state, read the
@@ -18,7 +25,7 @@ have another float dtype than ``q``, ``k``, ``v`` (float32 gates beside bfloat16
 Everything is computed in float32; the output has ``q``'s dtype and the final state is float32.
 
 With ``cu_seqlens`` (B == 1) the sequences ``[cu_seqlens[n], cu_seqlens[n + 1])`` are packed along T:
-each starts from ``initial_state[n]`` (``[N, H, K, V]``) and its final state is ``final_state[n]``. A
+each starts from ``initial_state[n]`` (``[N, HV, K, V]``) and its final state is ``final_state[n]``. A
 sequence of length 0 outputs nothing and its final state is its initial state; tokens outside
 ``[cu_seqlens[0], cu_seqlens[N])`` give zeros. ``cu_seqlens`` must be non-decreasing within ``[0, T]``:
 checked when concrete (``ValueError``); under ``jit`` it is traced and unchecked unless ``EJKERNEL_CHECKS=1``
@@ -38,7 +45,7 @@ import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.signatures._checks import ArrayIn, check_bool, check_float_array
-from ejkernel.kernels.signatures._linear_attention import check_gate, check_qkv, check_state_options
+from ejkernel.kernels.signatures._linear_attention import check_gate, check_grouped_qkv, check_state_options
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import linear_attention_zeros
 from ejkernel.modules.operations._typecheck import checked
@@ -63,17 +70,18 @@ def validate(
     **_: Any,
 ) -> None:
     """Check a ``gated_delta_rule`` call; raise an error naming the argument, what was expected and what came."""
-    dims = check_qkv(OP, q, k, v)
+    b, t, _heads, hv, dk, dv = check_grouped_qkv(OP, q, k, v)
     for name, x in (("g", g), ("beta", beta)):
-        check_float_array(OP, name, x, "[B, T, H]")
-        check_gate(OP, name, x, dims[:3], "[B, T, H]")
+        check_float_array(OP, name, x, "[B, T, HV]")
+        check_gate(OP, name, x, (b, t, hv), "[B, T, HV]")
     check_state_options(
         OP,
-        dims,
+        (b, t, hv, dk, dv),
         scale=scale,
         initial_state=initial_state,
         output_final_state=output_final_state,
         cu_seqlens=cu_seqlens,
+        heads="HV",
     )
     check_bool(OP, "use_qk_l2norm", use_qk_l2norm)
 
@@ -114,12 +122,12 @@ _kernel = GatedDeltaRule()
 def gated_delta_rule(
     q: Float[ArrayIn, "B T H K"],
     k: Float[ArrayIn, "B T H K"],
-    v: Float[ArrayIn, "B T H V"],
-    g: Float[ArrayIn, "B T H"],
-    beta: Float[ArrayIn, "B T H"],
+    v: Float[ArrayIn, "B T HV V"],
+    g: Float[ArrayIn, "B T HV"],
+    beta: Float[ArrayIn, "B T HV"],
     *,
     scale: float | None = None,
-    initial_state: Float[ArrayIn, "B_or_N H K V"] | None = None,
+    initial_state: Float[ArrayIn, "B_or_N HV K V"] | None = None,
     output_final_state: bool = False,
     cu_seqlens: Int[ArrayIn, "N1"] | None = None,
     use_qk_l2norm: bool = False,
@@ -129,22 +137,24 @@ def gated_delta_rule(
     mesh: jax.sharding.Mesh | None = None,
     in_specs: Any = None,
     out_specs: Any = None,
-) -> tuple[Float[Array, "B T H V"], Float[Array, "B_or_N H K V"] | None]:
-    """The gated delta rule of Gated DeltaNet: a decaying ``[K, V]`` state per head, corrected towards each value.
+) -> tuple[Float[Array, "B T HV V"], Float[Array, "B_or_N HV K V"] | None]:
+    """The gated delta rule of Gated DeltaNet: a decaying ``[K, V]`` state per value head, corrected towards each value.
 
-    Per head, token by token (``a_t = exp(g_t)``): ``S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T``
-    and ``o_t = scale * S_t^T q_t``, the convention of flash-linear-attention's ``chunk_gated_delta_rule``.
+    Per value head, token by token (``a_t = exp(g_t)``):
+    ``S_t = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T`` and ``o_t = scale * S_t^T q_t``, the
+    convention of flash-linear-attention's ``chunk_gated_delta_rule``.
 
-    Shapes: B batch, T length, H heads, K query/key head dim, V value head dim, N packed sequences.
+    Shapes: B batch, T length, H query/key heads, HV value heads (a multiple of H; value head ``hv`` reads
+    query/key head ``hv // (HV // H)``), K query/key head dim, V value head dim, N packed sequences.
 
     Args:
         q: ``[B, T, H, K]``.
         k: ``[B, T, H, K]`` (keep them unit-norm, or pass ``use_qk_l2norm``, for a bounded state).
-        v: ``[B, T, H, V]``.
-        g: ``[B, T, H]`` log decay (``<= 0``).
-        beta: ``[B, T, H]`` writing strength (in ``(0, 1)``).
+        v: ``[B, T, HV, V]``; ``HV == H`` is plain multi-head, more value heads share query/key heads.
+        g: ``[B, T, HV]`` log decay (``<= 0``), per value head.
+        beta: ``[B, T, HV]`` writing strength (in ``(0, 1)``), per value head.
         scale: multiplies the output, default ``K ** -0.5``.
-        initial_state: ``[B, H, K, V]`` (``[N, H, K, V]`` with ``cu_seqlens``) state before the first token;
+        initial_state: ``[B, HV, K, V]`` (``[N, HV, K, V]`` with ``cu_seqlens``) state before the first token;
             default zeros. Differentiable.
         output_final_state: also return the state after the last token.
         cu_seqlens: ``[N+1]`` offsets of packed sequences (B must be 1); each starts from its own initial state.
@@ -156,7 +166,7 @@ def gated_delta_rule(
         mesh, in_specs, out_specs: run under ``jax.shard_map``; ``in_specs`` has one spec per array passed.
 
     Returns:
-        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in ``q.dtype``; ``final_state`` ``[B|N, H, K, V]`` in
+        ``(o, final_state)``: ``o`` ``[B, T, HV, V]`` in ``q.dtype``; ``final_state`` ``[B|N, HV, K, V]`` in
         float32, or None without ``output_final_state``. An empty packed sequence keeps its initial state.
 
     Raises:
@@ -174,6 +184,16 @@ def gated_delta_rule(
     >>> o, state = gated_delta_rule(q, k, v, g, beta, use_qk_l2norm=True, output_final_state=True)
     >>> o.shape, state.shape, state.dtype
     ((2, 100, 4, 64), (2, 4, 32, 64), dtype('float32'))
+
+    Grouped value heads, as in Qwen3-Next: 8 value heads over the 4 query/key heads (value heads 0 and 1
+    read head 0, ...); the gates are per value head:
+
+    >>> v8 = jax.random.normal(jax.random.key(1), (2, 100, 8, 64))
+    >>> g8 = -jax.nn.softplus(jax.random.normal(jax.random.key(2), (2, 100, 8)))
+    >>> beta8 = jax.nn.sigmoid(jax.random.normal(jax.random.key(3), (2, 100, 8)))
+    >>> o, state = gated_delta_rule(q, k, v8, g8, beta8, use_qk_l2norm=True, output_final_state=True)
+    >>> o.shape, state.shape
+    ((2, 100, 8, 64), (2, 8, 32, 64))
     """
     arrays = {
         "q": q,

@@ -1,10 +1,14 @@
 """The ``gla`` contract (gated linear attention, Yang et al. 2024).
 
-Shapes: B batch, T length, H heads (shared by ``q``, ``k``, ``v`` and ``g``), K query/key head dim,
-V value head dim, N packed sequences.
+Shapes: B batch, T length, H query/key heads, HV value heads (a multiple of H; HV == H is plain
+multi-head), K query/key head dim, V value head dim, N packed sequences.
 
-For every batch row (or packed sequence) and head, with a state ``S`` of shape ``[K, V]`` that starts
-at ``initial_state`` (zeros when absent), token by token:
+Grouped value heads: value head ``hv`` reads query/key head ``hv // (HV // H)`` (the grouping of GQA in
+flash attention: consecutive value heads share a query/key head). The gate ``g``, the state and the output
+follow the value heads: every value head has its own gate and state.
+
+For every batch row (or packed sequence) and value head, with a state ``S`` of shape ``[K, V]`` that starts
+at ``initial_state`` (zeros when absent), token by token (``q_t``, ``k_t`` of the value head's query/key head):
 
 1. ``S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t``: every key channel ``i`` of the state decays by
    ``exp(g_t[i])``, then the outer product of the key and the value is added;
@@ -17,13 +21,13 @@ dtype and the final state ``S_T`` is float32. ``g`` and ``initial_state`` may ha
 array argument is differentiable (the gradient of ``g`` included).
 
 With ``cu_seqlens`` (B == 1) the sequences ``[cu_seqlens[n], cu_seqlens[n + 1])`` are packed along T:
-each starts from ``initial_state[n]`` (``[N, H, K, V]``) and its final state is ``final_state[n]``. A
+each starts from ``initial_state[n]`` (``[N, HV, K, V]``) and its final state is ``final_state[n]``. A
 sequence of length 0 outputs nothing and its final state is its initial state; tokens outside
 ``[cu_seqlens[0], cu_seqlens[N])`` give zeros. ``cu_seqlens`` must be non-decreasing within ``[0, T]``:
 checked when concrete (``ValueError``); under ``jit`` it is traced and unchecked unless ``EJKERNEL_CHECKS=1``
 (then the call fails when it runs), and a violation gives wrong outputs without an error.
 
-Returns ``(o, final_state)``: ``o`` ``[B, T, H, V]``, ``final_state`` ``[B or N, H, K, V]`` when
+Returns ``(o, final_state)``: ``o`` ``[B, T, HV, V]``, ``final_state`` ``[B or N, HV, K, V]`` when
 ``output_final_state`` else ``None``.
 
 The op is defined here once: this contract, ``validate``, the ``Kernel`` and the public function, whose
@@ -39,7 +43,7 @@ import jax
 from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.signatures._checks import ArrayIn
-from ejkernel.kernels.signatures._linear_attention import check_gate, check_qkv, check_state_options
+from ejkernel.kernels.signatures._linear_attention import check_gate, check_grouped_qkv, check_state_options
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import linear_attention_zeros
 from ejkernel.modules.operations._linear_attention import normalize_scale, timing_inputs
@@ -61,15 +65,16 @@ def validate(
     **_: Any,
 ) -> None:
     """Check a ``gla`` call; raise an error naming the argument, what was expected and what came."""
-    dims = check_qkv("gla", q, k, v)
-    check_gate("gla", "g", g, dims[:4], "[B, T, H, K]")
+    b, t, _heads, hv, dk, dv = check_grouped_qkv("gla", q, k, v)
+    check_gate("gla", "g", g, (b, t, hv, dk), "[B, T, HV, K]")
     check_state_options(
         "gla",
-        dims,
+        (b, t, hv, dk, dv),
         scale=scale,
         initial_state=initial_state,
         output_final_state=output_final_state,
         cu_seqlens=cu_seqlens,
+        heads="HV",
     )
 
 
@@ -94,11 +99,11 @@ _kernel = GLA()
 def gla(
     q: Float[ArrayIn, "B T H K"],
     k: Float[ArrayIn, "B T H K"],
-    v: Float[ArrayIn, "B T H V"],
-    g: Float[ArrayIn, "B T H K"],
+    v: Float[ArrayIn, "B T HV V"],
+    g: Float[ArrayIn, "B T HV K"],
     *,
     scale: float | None = None,
-    initial_state: Float[ArrayIn, "B_or_N H K V"] | None = None,
+    initial_state: Float[ArrayIn, "B_or_N HV K V"] | None = None,
     output_final_state: bool = False,
     cu_seqlens: Int[ArrayIn, "N1"] | None = None,
     platform: str | None = None,
@@ -107,22 +112,23 @@ def gla(
     mesh: jax.sharding.Mesh | None = None,
     in_specs: Any = None,
     out_specs: Any = None,
-) -> tuple[Float[Array, "B T H V"], Float[Array, "B_or_N H K V"] | None]:
-    """Gated linear attention: a ``[K, V]`` state per head, decayed per key channel and fed ``k_t^T v_t``.
+) -> tuple[Float[Array, "B T HV V"], Float[Array, "B_or_N HV K V"] | None]:
+    """Gated linear attention: a ``[K, V]`` state per value head, decayed per key channel and fed ``k_t^T v_t``.
 
-    Shapes: B batch, T length, H heads (the same for every array), K query/key head dim, V value head
-    dim, N packed sequences. Token by token (flash-linear-attention's ``chunk_gla`` convention)::
+    Shapes: B batch, T length, H query/key heads, HV value heads (a multiple of H; value head ``hv`` reads
+    query/key head ``hv // (HV // H)``), K query/key head dim, V value head dim, N packed sequences. Per
+    value head, token by token (flash-linear-attention's ``chunk_gla`` convention)::
 
         S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t        o_t = scale * q_t S_t
 
     Args:
         q: queries ``[B, T, H, K]``.
         k: keys ``[B, T, H, K]``.
-        v: values ``[B, T, H, V]``.
-        g: log decay of every key channel ``[B, T, H, K]``, ``<= 0`` (e.g. ``log_sigmoid(x) / 16``); any
-            float dtype, differentiable.
+        v: values ``[B, T, HV, V]``; ``HV == H`` is plain multi-head, more value heads share query/key heads.
+        g: log decay of every key channel ``[B, T, HV, K]`` (per value head), ``<= 0`` (e.g.
+            ``log_sigmoid(x) / 16``); any float dtype, differentiable.
         scale: multiplies ``q``, default ``K ** -0.5``.
-        initial_state: the state before the first token, ``[B, H, K, V]`` (``[N, H, K, V]`` with
+        initial_state: the state before the first token, ``[B, HV, K, V]`` (``[N, HV, K, V]`` with
             ``cu_seqlens``); default zeros; differentiable.
         output_final_state: also return the state after the last token.
         cu_seqlens: ``[N+1]`` offsets of sequences packed along T (B must be 1); each starts from its own
@@ -134,7 +140,7 @@ def gla(
         mesh, in_specs, out_specs: run under ``jax.shard_map``; ``in_specs`` has one spec per array passed.
 
     Returns:
-        ``(o, final_state)``: ``o`` ``[B, T, H, V]`` in ``q.dtype``; ``final_state`` ``[B or N, H, K, V]``
+        ``(o, final_state)``: ``o`` ``[B, T, HV, V]`` in ``q.dtype``; ``final_state`` ``[B or N, HV, K, V]``
         in float32 when ``output_final_state``, else ``None``.
 
     Raises:
@@ -152,6 +158,14 @@ def gla(
     >>> o, state = gla(q, k, v, g, output_final_state=True)
     >>> o.shape, state.shape, state.dtype
     ((2, 256, 4, 32), (2, 4, 64, 32), dtype('float32'))
+
+    Grouped value heads: 8 value heads over the 4 query/key heads (value heads 0 and 1 read head 0, ...):
+
+    >>> v8 = jax.random.normal(kv, (2, 256, 8, 32))
+    >>> g8 = jax.nn.log_sigmoid(jax.random.normal(kg, (2, 256, 8, 64))) / 16
+    >>> o, state = gla(q, k, v8, g8, output_final_state=True)
+    >>> o.shape, state.shape
+    ((2, 256, 8, 32), (2, 8, 64, 32))
     """
     arrays = {
         "q": q,

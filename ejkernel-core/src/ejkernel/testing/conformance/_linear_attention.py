@@ -1,6 +1,7 @@
 """What the linear-attention conformance suites (``gla``, ``lightning_attn``, ``recurrent``) share.
 
-Layout: B batch, T length, H heads, K query/key head dim, V value head dim, N packed sequences.
+Layout: B batch, T length, H heads, K query/key head dim, V value head dim, N packed sequences; HV value heads
+(``Case.hv``, a multiple of H: ``gla`` and ``gated_delta_rule`` only), which ``v``, the gates and the state have.
 
 Inputs are built by name in a dict (``q``, ``k``, ``v``, gates, ``initial_state``, ``cu_seqlens``), so one
 helper computes the output, the final state and the gradient of every float input for any of the ops,
@@ -42,6 +43,7 @@ class Case:
     b: int = 2
     t: int = 37  # not a multiple of any chunk size
     h: int = 3
+    hv: int | None = None  # value heads (grouped: a multiple of h); None: h
     dk: int = 16
     dv: int = 12
     initial_state: bool = True
@@ -54,6 +56,11 @@ class Case:
     @property
     def n(self) -> int:
         return self.b if self.cu_seqlens is None else len(self.cu_seqlens) - 1
+
+    @property
+    def heads_v(self) -> int:
+        """The heads of ``v``, the gates and the state: ``hv``, else ``h``."""
+        return self.h if self.hv is None else self.hv
 
 
 # The GPU tier's realistic shapes: head dims 128, lengths of many chunks of any size and a multiple of none;
@@ -82,10 +89,10 @@ def base_inputs(case: Case, dtype: str, rng: np.random.Generator) -> dict[str, A
     arrays: dict[str, Any] = {
         "q": normal(rng, (case.b, case.t, case.h, case.dk), dtype),
         "k": normal(rng, (case.b, case.t, case.h, case.dk), dtype),
-        "v": normal(rng, (case.b, case.t, case.h, case.dv), dtype),
+        "v": normal(rng, (case.b, case.t, case.heads_v, case.dv), dtype),
     }
     if case.initial_state:
-        arrays["initial_state"] = normal(rng, (case.n, case.h, case.dk, case.dv))
+        arrays["initial_state"] = normal(rng, (case.n, case.heads_v, case.dk, case.dv))
     if case.cu_seqlens is not None:
         arrays["cu_seqlens"] = jnp.asarray(case.cu_seqlens, jnp.int32)
     return arrays

@@ -1,6 +1,7 @@
 """Conformance suite of ``gated_delta_rule``: every installed implementation against the reference recurrence.
 
-Layout: B batch, T length, H heads, K query/key head dim, V value head dim, N packed sequences.
+Layout: B batch, T length, H query/key heads, HV value heads (a multiple of H; ``v``, ``g``, ``beta`` and the
+state have them), K query/key head dim, V value head dim, N packed sequences.
 
 Inputs are in the ranges a Gated DeltaNet layer produces: unit-norm keys (or ``use_qk_l2norm``), a log decay
 ``g = log_sigmoid(x + 4)`` (about -0.02, so the state carries across many chunks and the inter-chunk path
@@ -55,6 +56,11 @@ class Case:
     cu_seqlens: tuple[int, ...] | None = None
     initial_state: bool = False
     options: tuple[tuple[str, Any], ...] = ()
+    hv: int | None = None  # value heads (grouped: a multiple of h); None: h
+
+    @property
+    def heads_v(self) -> int:
+        return self.h if self.hv is None else self.hv
 
 
 CASES = [
@@ -70,6 +76,17 @@ CASES = [
     ),
     Case("decode_one_token", t=1, initial_state=True, options=(("output_final_state", True),)),
     Case("batch_one_long_l2norm", b=1, t=150, options=(("use_qk_l2norm", True),)),  # several chunks
+    # Grouped value heads (as in Qwen3-Next): 4 value heads with their own gates and states over 2 query/key heads
+    Case("grouped_value_heads", hv=4, initial_state=True, options=(("output_final_state", True),)),
+    Case(
+        "grouped_value_heads_varlen_l2norm",
+        b=1,
+        t=41,
+        hv=4,
+        cu_seqlens=(0, 1, 1, 17, 38),
+        initial_state=True,
+        options=(("output_final_state", True), ("use_qk_l2norm", True)),
+    ),
 ]
 ALL_DTYPES = ("state_in_and_out", "varlen_empty_and_length_one_l2norm", "decode_one_token")
 CASE_DTYPES = [
@@ -99,16 +116,16 @@ def make_inputs(case: Case, dtype: str, key: jax.Array) -> tuple[tuple[Any, ...]
     q = jax.random.normal(kq, (case.b, case.t, case.h, case.k), jnp.float32)
     k = jax.random.normal(kk, (case.b, case.t, case.h, case.k), jnp.float32)
     k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
-    v = jax.random.normal(kv, (case.b, case.t, case.h, case.v), jnp.float32)
-    g = jax.nn.log_sigmoid(jax.random.normal(kg, (case.b, case.t, case.h)) + 4.0)
-    beta = jax.nn.sigmoid(jax.random.normal(kb, (case.b, case.t, case.h)))
+    v = jax.random.normal(kv, (case.b, case.t, case.heads_v, case.v), jnp.float32)
+    g = jax.nn.log_sigmoid(jax.random.normal(kg, (case.b, case.t, case.heads_v)) + 4.0)
+    beta = jax.nn.sigmoid(jax.random.normal(kb, (case.b, case.t, case.heads_v)))
     kwargs: dict[str, Any] = dict(case.options)
     n = case.b
     if case.cu_seqlens is not None:
         kwargs["cu_seqlens"] = jnp.array(case.cu_seqlens, jnp.int32)
         n = len(case.cu_seqlens) - 1
     if case.initial_state:
-        kwargs["initial_state"] = 0.5 * jax.random.normal(ks, (n, case.h, case.k, case.v), jnp.float32)
+        kwargs["initial_state"] = 0.5 * jax.random.normal(ks, (n, case.heads_v, case.k, case.v), jnp.float32)
     # bfloat16 activations keep float32 gates (the usual mix); float16 runs with float16 gates
     gate_dtype = "float32" if dtype == "bfloat16" else dtype
     return (q.astype(dtype), k.astype(dtype), v.astype(dtype), g.astype(gate_dtype), beta.astype(gate_dtype)), kwargs
@@ -146,8 +163,8 @@ def _cotangents(case: Case, key: jax.Array) -> tuple[jax.Array, jax.Array]:
     n = case.b if case.cu_seqlens is None else len(case.cu_seqlens) - 1
     kc = jax.random.split(jax.random.fold_in(key, 1))
     return (
-        jax.random.normal(kc[0], (case.b, case.t, case.h, case.v)),
-        jax.random.normal(kc[1], (n, case.h, case.k, case.v)),
+        jax.random.normal(kc[0], (case.b, case.t, case.heads_v, case.v)),
+        jax.random.normal(kc[1], (n, case.heads_v, case.k, case.v)),
     )
 
 
@@ -262,17 +279,34 @@ def test_jit_and_vmap_agree_with_eager(impl):
 
 BAD_INPUTS = [
     ("q_ndim", lambda q, k, v, g, b: ((q[0], k, v, g, b), {}), r"q must be 4-D \[B, T, H, K\]"),
-    ("g_ndim", lambda q, k, v, g, b: ((q, k, v, g[..., None], b), {}), r"g must be 3-D \[B, T, H\]"),
+    ("g_ndim", lambda q, k, v, g, b: ((q, k, v, g[..., None], b), {}), r"g must be 3-D \[B, T, HV\]"),
     ("dtype_mismatch", lambda q, k, v, g, b: ((q, k.astype(jnp.bfloat16), v, g, b), {}), "must share a dtype"),
     ("int_beta", lambda q, k, v, g, b: ((q, k, v, g, b.astype(jnp.int32)), {}), "beta must be float32"),
     ("k_shape", lambda q, k, v, g, b: ((q, k[..., :8], v, g, b), {}), "k must have the shape of q"),
-    ("v_heads", lambda q, k, v, g, b: ((q, k, v[:, :, :1], g, b), {}), r"v must be \[B, T, H, V\]"),
-    ("beta_shape", lambda q, k, v, g, b: ((q, k, v, g, b[:, :4]), {}), r"beta must be \[B, T, H\]"),
+    (
+        "v_heads",
+        lambda q, k, v, g, b: ((q, k, jnp.ones((2, 8, 3, 24)), g, b), {}),
+        r"v must be \[B, T, HV, V\].*multiple of H = 2",
+    ),
+    ("beta_shape", lambda q, k, v, g, b: ((q, k, v, g, b[:, :4]), {}), r"beta must be \[B, T, HV\]"),
+    (
+        "gates_query_heads",
+        lambda q, k, v, g, b: ((q, k, jnp.ones((2, 8, 4, 24)), jnp.ones((2, 8, 4)), b), {}),
+        r"beta must be \[B, T, HV\] = \[2, 8, 4\], got \[2, 8, 2\]",
+    ),
     ("empty_t", lambda q, k, v, g, b: ((q[:, :0], k[:, :0], v[:, :0], g[:, :0], b[:, :0]), {}), "T must be at least 1"),
     (
         "state_shape",
         lambda q, k, v, g, b: ((q, k, v, g, b), {"initial_state": jnp.zeros((2, 2, 16, 16))}),
-        r"initial_state must be \[B, H, K, V\] = \[2, 2, 16, 24\]",
+        r"initial_state must be \[B, HV, K, V\] = \[2, 2, 16, 24\]",
+    ),
+    (
+        "state_query_heads",
+        lambda q, k, v, g, b: (
+            (q, k, jnp.ones((2, 8, 4, 24)), jnp.ones((2, 8, 4)), jnp.ones((2, 8, 4))),
+            {"initial_state": jnp.zeros((2, 2, 16, 24))},
+        ),
+        r"initial_state must be \[B, HV, K, V\] = \[2, 4, 16, 24\]",
     ),
     (
         "varlen_state_shape",
@@ -280,7 +314,7 @@ BAD_INPUTS = [
             (q[:1], k[:1], v[:1], g[:1], b[:1]),
             {"cu_seqlens": jnp.array([0, 3, 8]), "initial_state": jnp.zeros((1, 2, 16, 24))},
         ),
-        r"initial_state must be \[N, H, K, V\] = \[2, 2, 16, 24\]",
+        r"initial_state must be \[N, HV, K, V\] = \[2, 2, 16, 24\]",
     ),
     ("varlen_batch", lambda q, k, v, g, b: ((q, k, v, g, b), {"cu_seqlens": jnp.array([0, 8])}), "batch must be 1"),
     (

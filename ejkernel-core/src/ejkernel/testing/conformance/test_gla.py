@@ -1,6 +1,7 @@
 """Conformance suite of ``gla``: every installed implementation against the reference.
 
-Layout: B batch, T length, H heads, K query/key head dim, V value head dim, N packed sequences.
+Layout: B batch, T length, H query/key heads, HV value heads (a multiple of H), K query/key head dim, V value
+head dim, N packed sequences.
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ CASES = [
     Case("decode_one_token", t=1),
     # log gates down to -100 per step: the state forgets within a token or two, yet nothing overflows
     Case("strong_gates", b=1, t=40, gate_scale=30.0),
+    # Grouped value heads: 4 value heads (own gates and states) over 2 query/key heads; dense, then packed.
+    Case("grouped_value_heads", b=2, t=37, h=2, hv=4, dk=16, dv=24),
+    Case("grouped_value_heads_varlen", b=1, t=41, h=2, hv=4, dk=16, dv=24, cu_seqlens=(0, 1, 17, 17, 37)),
 ]
 # Every case in float32; these also in half precision (compiling is what costs time on CI).
 ALL = dtype_cases(CASES, {"plain": ("bfloat16", "float16"), "varlen": ("bfloat16", "float16")})
@@ -69,7 +73,7 @@ GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for
 def make_inputs(case: Case, dtype: str, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
     rng = np.random.default_rng(seed)
     arrays = base_inputs(case, dtype, rng)
-    arrays["g"] = log_gate(rng, (case.b, case.t, case.h, case.dk), case.gate_scale)
+    arrays["g"] = log_gate(rng, (case.b, case.t, case.heads_v, case.dk), case.gate_scale)
     return arrays, {"output_final_state": case.final_state, **dict(case.options)}
 
 
@@ -152,10 +156,29 @@ BAD_INPUTS = [
     ("int_q", lambda a: {**a, "q": a["q"].astype(jnp.int32)}, "q must be float32, bfloat16 or float16"),
     ("dtype_mismatch", lambda a: {**a, "k": a["k"].astype(jnp.bfloat16)}, "q, k and v must share a dtype"),
     ("k_shape", lambda a: {**a, "k": a["k"][:, :, :, :4]}, "k must have the shape of q"),
-    ("v_heads", lambda a: {**a, "v": a["v"][:, :, :1]}, r"v must be \[B, T, H, V\]"),
-    ("g_shape", lambda a: {**a, "g": a["g"][..., :4]}, r"g must be \[B, T, H, K\]"),
+    ("v_heads", lambda a: {**a, "v": jnp.ones((2, 8, 3, 5))}, r"v must be \[B, T, HV, V\].*multiple of H = 2"),
+    ("g_shape", lambda a: {**a, "g": a["g"][..., :4]}, r"g must be \[B, T, HV, K\]"),
+    (
+        "g_query_heads",
+        lambda a: {**a, "v": jnp.ones((2, 8, 4, 5))},
+        r"g must be \[B, T, HV, K\] = \[2, 8, 4, 8\], got \[2, 8, 2, 8\]",
+    ),
     ("g_dtype", lambda a: {**a, "g": a["g"].astype(jnp.int32)}, "g must be float32, bfloat16 or float16"),
-    ("state_shape", lambda a: {**a, "initial_state": jnp.zeros((2, 2, 8, 4))}, r"initial_state must be \[B, H, K, V\]"),
+    (
+        "state_shape",
+        lambda a: {**a, "initial_state": jnp.zeros((2, 2, 8, 4))},
+        r"initial_state must be \[B, HV, K, V\]",
+    ),
+    (
+        "state_query_heads",
+        lambda a: {
+            **a,
+            "v": jnp.ones((2, 8, 4, 5)),
+            "g": jnp.zeros((2, 8, 4, 8)),
+            "initial_state": jnp.zeros((2, 2, 8, 5)),
+        },
+        r"initial_state must be \[B, HV, K, V\] = \[2, 4, 8, 5\]",
+    ),
     (
         "varlen_batch",
         lambda a: {**a, "cu_seqlens": jnp.array([0, 8], jnp.int32)},
@@ -185,5 +208,5 @@ def test_varlen_state_shape_uses_sequences(impl):
     _, seed = fresh_key()
     arrays, _ = make_inputs(case, "float32", seed)
     arrays["initial_state"] = arrays["initial_state"][:1]
-    with pytest.raises(ValueError, match=r"gla: initial_state must be \[N, H, K, V\]"):
+    with pytest.raises(ValueError, match=r"gla: initial_state must be \[N, HV, K, V\]"):
         call(impl, **arrays)

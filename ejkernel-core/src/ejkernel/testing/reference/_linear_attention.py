@@ -1,6 +1,7 @@
 """The recurrence shared by the linear-attention references (``gla``, ``lightning_attn``, ``recurrent``).
 
-Token by token, exactly as the contracts state it: no chunking, no rearranged sums.
+Token by token, exactly as the contracts state it: no chunking, no rearranged sums. ``per_value_head`` is the
+grouping of value heads shared by the ``gla`` and ``gated_delta_rule`` references.
 """
 
 from __future__ import annotations
@@ -8,6 +9,19 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from jax import lax
+
+
+def per_value_head(q: jax.Array, k: jax.Array, value_heads: int) -> tuple[jax.Array, jax.Array]:
+    """Grouped value heads: ``q``, ``k`` ``[B, T, H, K]`` as each of the ``HV = value_heads`` value heads reads
+    them, ``[B, T, HV, K]``: value head ``hv`` reads query/key head ``hv // (HV // H)``.
+
+    >>> q = jnp.arange(2.0).reshape(1, 1, 2, 1)  # two query/key heads, holding 0 and 1
+    >>> per_value_head(q, q, 4)[0][0, 0, :, 0].tolist()  # four value heads: 0 and 1 read head 0, 2 and 3 head 1
+    [0.0, 0.0, 1.0, 1.0]
+    """
+    group = value_heads // q.shape[2]
+    head = jnp.arange(value_heads) // group
+    return q[:, :, head], k[:, :, head]
 
 
 def linear_recurrence(

@@ -7,6 +7,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from ejkernel.testing.reference._linear_attention import per_value_head
+
 
 def l2_normalize(x: jax.Array, eps: float = 1e-6) -> jax.Array:
     """``x / sqrt(|x|^2 + eps)`` over the last axis (the ``use_qk_l2norm`` normalisation)."""
@@ -28,7 +30,9 @@ def gated_delta_rule(
 ) -> tuple[jax.Array, jax.Array | None]:
     """The gated delta rule of ``ejkernel.kernels`` ``gated_delta_rule``, step by step.
 
-    Returns ``(o [B, T, H, V] in q.dtype, final_state [B|N, H, K, V] in float32 or None)``.
+    ``q``, ``k`` ``[B, T, H, K]``; ``v`` ``[B, T, HV, V]``, ``g`` and ``beta`` ``[B, T, HV]``: value head ``hv``
+    reads query/key head ``hv // (HV // H)``. Returns ``(o [B, T, HV, V] in q.dtype, final_state [B|N, HV, K, V]
+    in float32 or None)``.
 
     >>> import jax.numpy as jnp
     >>> q = k = jnp.ones((1, 1, 1, 1)); v = jnp.full((1, 1, 1, 1), 3.0)
@@ -39,9 +43,10 @@ def gated_delta_rule(
     """
     out_dtype = q.dtype
     acc = jnp.promote_types(jnp.float32, out_dtype)
-    b, t, h, dk = q.shape
-    dv = v.shape[-1]
+    b, t, _, dk = q.shape
+    h, dv = v.shape[2:]  # the value heads: every one has its own state
     scale = dk**-0.5 if scale is None else scale
+    q, k = per_value_head(q, k, h)
     q, k, v, g, beta = (x.astype(acc) for x in (q, k, v, g, beta))
     if use_qk_l2norm:
         q, k = l2_normalize(q), l2_normalize(k)
@@ -61,7 +66,7 @@ def gated_delta_rule(
         inside = (pos >= cu_seqlens[0]) & (pos < cu_seqlens[n])
 
     def step(state: jax.Array, x: Any) -> tuple[jax.Array, tuple[jax.Array, jax.Array]]:
-        # state: [B, H, K, V]; x: one token of every batch row.
+        # state: [B, HV, K, V]; x: one token of every batch row.
         q_t, k_t, v_t, g_t, beta_t, seq_t, start_t = x
         first = s0[seq_t][None] if cu_seqlens is not None else s0
         state = jnp.where(start_t, first, state)
@@ -74,7 +79,7 @@ def gated_delta_rule(
 
     xs = (*(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta)), seq, starts)
     init = s0 if cu_seqlens is None else jnp.zeros((1, h, dk, dv), acc)
-    _, (o, states) = jax.lax.scan(step, init, xs)  # o: [T, B, H, V]; states: [T, B, H, K, V]
+    _, (o, states) = jax.lax.scan(step, init, xs)  # o: [T, B, HV, V]; states: [T, B, HV, K, V]
     o = jnp.where(inside[:, None, None, None], o, 0.0)
     o = jnp.moveaxis(o, 0, 1).astype(out_dtype)
     if not output_final_state:

@@ -9,6 +9,9 @@ to it).
 The forward saves the state entering each chunk (``[B, H, T / C, K, V]`` float32, as the XLA version's
 chunked form does); with another chunk length for the backward, the backward recomputes them with its own.
 Packed sequences are gathered into a chunk-aligned layout in which every sequence starts a new chunk.
+Grouped value heads (``v`` ``[B, T, HV, V]``, ``HV`` a multiple of ``H``): ``q`` and ``k`` are repeated to the
+value heads before the kernels (``repeat_query_key_heads``), which see one head count; their gradients sum
+over each group.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 from jax.experimental.pallas import tpu as pltpu
 
 from ejkernel.device import cdiv
+from ejkernel.kernels.signatures._linear_attention import repeat_query_key_heads
 
 from ejkernel_pallas.tpu.gla._kernels import LAST, RESET, SUB, Geometry, backward, forward
 from ejkernel_pallas.tpu.params import GlaChunkParams, coerce
@@ -218,6 +222,7 @@ def _make(interpret: Any) -> Any:
         """Mosaic TPU gated linear attention; launch parameters: ``GlaChunkParams`` (the chunk, 16 to 128)."""
         fwd_p, bwd_p = coerce(GlaChunkParams, fwd_params), coerce(GlaChunkParams, bwd_params)
         q, k, v, g = (jnp.asarray(x) for x in (q, k, v, g))
+        q, k = repeat_query_key_heads(q, k, v.shape[2])  # grouped value heads: one head count from here on
         b, t, h, dk = q.shape
         n = b if cu_seqlens is None else cu_seqlens.shape[0] - 1
         if initial_state is None:
