@@ -37,13 +37,13 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float, Int
 
+from ejkernel.kernels.signatures._attention import rows_broadcast
 from ejkernel.kernels.signatures._checks import ArrayIn
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import attention_zeros
 from ejkernel.modules.operations._typecheck import checked
 from ejkernel.modules.operations.configs import AttentionConfig
 from ejkernel.modules.operations.flash_attention import _kernel as _flash_kernel
-from ejkernel.modules.operations.flash_attention import _rows_broadcast
 from ejkernel.modules.operations.flash_attention import validate as validate_flash_attention
 from ejkernel.ops import Kernel
 
@@ -178,7 +178,7 @@ def attention(
     (True, 0.0)
     """
     # A key-padding mask or bias [B|1, H|1, 1, S] applies to every query row (as in flash_attention).
-    bias, attention_mask = (_rows_broadcast(x, query, key) for x in (bias, attention_mask))
+    bias, attention_mask = (rows_broadcast(x, query, key) for x in (bias, attention_mask))
     arrays = {
         "query": query,
         "key": key,

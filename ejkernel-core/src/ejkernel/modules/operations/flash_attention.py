@@ -37,11 +37,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float, Int
 
-from ejkernel.kernels.signatures._attention import normalize_window, seed_from_query
+from ejkernel.kernels.signatures._attention import normalize_window, rows_broadcast, seed_from_query
 from ejkernel.kernels.signatures._checks import (
     ArrayIn,
     check_bool,
@@ -75,15 +74,6 @@ def _check_broadcastable(name: str, x: Any, full: tuple[int, int, int, int]) -> 
             f"{OP}: {name} must have shape [B|1, H|1, T|1, S] = [{full[0]}|1, {full[1]}|1, {full[2]}|1, {full[3]}], "
             f"got {list(got)}"
         )
-
-
-def _rows_broadcast(x: Any, query: Any, key: Any) -> Any:
-    """``x`` ``[B|1, H|1, 1, S]`` broadcast over the query rows to ``[B|1, H|1, T, S]``; anything else as given
-    (a wrong shape is reported by ``validate`` as the caller passed it)."""
-    got, q, k = (shape(a) if a is not None else () for a in (x, query, key))
-    if len(got) != 4 or len(q) != 4 or len(k) != 4 or got[2] != 1 or q[1] == 1 or got[3] != k[1]:
-        return x
-    return jnp.broadcast_to(x, (*got[:2], q[1], got[3]))
 
 
 def validate(
@@ -286,7 +276,7 @@ def flash_attention(
         q_segment_ids, kv_segment_ids = rules["q_segment_ids"], rules["kv_segment_ids"]
         kv_lengths, prefix_lengths = rules["kv_lengths"], rules["prefix_lengths"]
     # A key-padding mask or bias ``[B|1, H|1, 1, S]`` (as Flax and jax.nn take it) applies to every query row.
-    bias, attention_mask = (_rows_broadcast(x, query, key) for x in (bias, attention_mask))
+    bias, attention_mask = (rows_broadcast(x, query, key) for x in (bias, attention_mask))
     arrays = {
         "query": query,
         "key": key,
