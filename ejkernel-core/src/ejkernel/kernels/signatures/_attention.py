@@ -11,6 +11,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ejkernel.kernels.signatures._checks import shape
+
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 
@@ -26,7 +28,7 @@ def normalize_window(sliding_window: int | tuple[int, int] | None) -> tuple[int,
 def rows_broadcast(x: Any, query: Any, key: Any) -> Any:
     """``x`` ``[B|1, H|1, 1, S]`` broadcast over the query rows to ``[B|1, H|1, T, S]``; anything else as given
     (a wrong shape is reported by ``validate`` as the caller passed it)."""
-    got, q, k = (np.shape(a) if a is not None else () for a in (x, query, key))
+    got, q, k = (shape(a) if a is not None else () for a in (x, query, key))
     if len(got) != 4 or len(q) != 4 or len(k) != 4 or got[2] != 1 or q[1] == 1 or got[3] != k[1]:
         return x
     return jnp.broadcast_to(x, (*got[:2], q[1], got[3]))
