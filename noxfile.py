@@ -11,8 +11,8 @@
   plugin (``tests/reference``; ``tests`` runs the core's own tests, which register the references as a
   plugin of their own). The suites that ``tests`` already runs on the same kernels are not repeated in full:
   each runs the suites' float32 comparisons with the reference (a smoke test of the installed package; for
-  ``pallas`` the Mosaic TPU kernels in JAX's TPU interpreter, which ``tests/pallas`` also runs at other
-  shapes; for ``triton`` its GPU registrations, interpreted).
+  ``pallas`` the Mosaic TPU kernels in JAX's TPU interpreter, then ``tests/pallas``, the Pallas kernels at
+  other shapes, which runs there only; for ``triton`` its GPU registrations, interpreted).
 - ``lint``: ``ruff format --check``, ``ruff check`` and ``mypy`` (configured in pyproject.toml).
 - ``demo``: the core and the XLA plugin; runs demo/transformer_block.py, then ``ejkernel info``.
 - ``docs``: builds the documentation site (mkdocs.yml: docs/ and the API reference generated from the
@@ -56,6 +56,9 @@ TEST_ENV = {
 # Only there: interpreting them is slow, and once per CI run is enough (``tests/pallas`` runs them in
 # ``tests`` directly, at shapes the conformance suites do not cover).
 PLUGIN_ENV = {"pallas": {"EJKERNEL_PALLAS_INTERPRET": "1"}}
+# A plugin's own tests that run in its session rather than in ``tests``: the Pallas kernels at shapes the
+# conformance suites do not cover, in JAX's TPU and Mosaic GPU interpreters.
+PLUGIN_SUITES = {"pallas": ("tests/pallas",)}
 LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1")
 # The documentation site (mkdocs.yml); ruff formats the API reference's signatures.
 DOCS_TOOLS = ("mkdocs==1.6.1", "mkdocstrings[python]==1.0.8", "mkdocstrings-python==2.0.11", LINT_TOOLS[0])
@@ -119,8 +122,9 @@ def tests(session: nox.Session) -> None:
             "README.md",
             expect=None,
         )
-    # tests/reference (the references' hand-checked cases, no plugin involved) runs in ``core``.
-    _pytest(session, "tests", "--ignore=tests/reference", expect=PLUGINS)
+    # tests/reference (the references' hand-checked cases, no plugin involved) runs in ``core``, tests/pallas (the
+    # Pallas kernels in JAX's interpreters) in ``pallas``: the two lanes of .ci/run then take about as long.
+    _pytest(session, "tests", "--ignore=tests/reference", "--ignore=tests/pallas", expect=PLUGINS)
 
 
 @nox.session(python=PYTHON)
@@ -139,6 +143,8 @@ def _plugin_session(plugin: str) -> None:
         if plugin in CONFORMANCE:
             suites += ["tests/conformance", *CONFORMANCE[plugin]]
         _pytest(session, *suites, expect=(plugin,), extra_env=PLUGIN_ENV.get(plugin))
+        if plugin in PLUGIN_SUITES and not session.posargs:  # its own tests, unfiltered
+            _pytest(session, *PLUGIN_SUITES[plugin], expect=(plugin,), extra_env=PLUGIN_ENV.get(plugin))
 
     session_fn.__name__ = plugin
     session_fn.__doc__ = f"The core with ejkernel-{plugin} alone, as a user installs them: only that plugin loads" + (
