@@ -102,3 +102,17 @@ def test_ragged_decode_more_splits_than_blocks_bf16():
     out = ragged_decode_attention(q, k, v, start, end, fwd_params=DenseDecodeParams(num_splits=9, keys_per_block=16))
     want = reference.ragged_decode_attention(q, k, v, start, end)
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32), atol=3e-2, rtol=3e-2)
+
+
+def test_device_copy_the_bench_ceiling_is_exact():
+    """The ``triton-copy`` peer of ``ejkernel bench`` (the bandwidth ceiling of the decode kernels): an exact copy,
+    lengths not a multiple of the block included."""
+    from ejkernel.bench.peers import PEERS
+
+    from ejkernel_triton.copy import device_copy
+
+    x = jnp.asarray(np.random.default_rng(2).standard_normal((3, 1000, 7)), jnp.bfloat16)
+    np.testing.assert_array_equal(np.asarray(device_copy(x, block=1024), np.float32), np.asarray(x, np.float32))
+    for op in ("page_attention", "ragged_decode_attention"):
+        peer = PEERS[(op, "triton-copy")]
+        assert peer.gpu_only and peer.reference is not None

@@ -149,6 +149,17 @@ def _pallas_paged_ragged(s: Shape, inputs: Inputs) -> Callable[..., Any]:
     return fn
 
 
+def _triton_copy(s: Shape, inputs: Inputs) -> Callable[..., Any]:
+    """A copy of the key cache: it reads and writes the bytes the op reads of keys and values (the ceiling)."""
+    from ejkernel_triton.copy import device_copy
+
+    return lambda q, keys, *rest: device_copy(keys)
+
+
+def _copy_reference(s: Shape, inputs: Inputs) -> Callable[..., Any]:
+    return lambda q, keys, *rest: keys.astype(jnp.float32)
+
+
 def _ragged_dot(s: Shape, inputs: Inputs) -> Callable[..., Any]:
     return lambda lhs, rhs, sizes: jax.lax.ragged_dot(lhs, rhs, sizes)
 
@@ -177,7 +188,9 @@ for _peer in (
     Peer("tokamax", "flash_attention", _tokamax_attention, ("tokamax",), gpu_only=True),
     Peer("gather-xla", "page_attention", _gathered_pages),
     Peer("pallas-triton-paged", "page_attention", _pallas_paged, (f"{PALLAS_GPU}.paged_attention",), gpu_only=True),
+    Peer("triton-copy", "page_attention", _triton_copy, ("ejkernel_triton.copy",), True, _copy_reference),
     Peer("dense-xla", "ragged_decode_attention", _dense_ragged),
+    Peer("triton-copy", "ragged_decode_attention", _triton_copy, ("ejkernel_triton.copy",), True, _copy_reference),
     Peer(
         "pallas-triton-paged",
         "ragged_decode_attention",
