@@ -35,12 +35,30 @@ F32 = jnp.float32
 NEG_INF = -jnp.inf
 BIG = jnp.iinfo(jnp.int32).max
 
-# Block budgets, measured on a 2-core CPU: a gathered key block of C * bk * K * max(D, Dv) elements and a
-# score tile of C * H * R * bk elements of about 2**20 each (4 MiB in float32) were within ~10% of the best.
-KV_ELEMENTS = 1 << 20
-TILE_ELEMENTS = 1 << 20
-DEFAULT_KV_TOKENS = 512
 MIN_CHUNK = 8  # shrink the key block rather than process fewer items than this at a time
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """How large one loop step may be: a gathered key block of ``C * bk * K * max(D, Dv)`` elements, a score tile
+    of ``C * H * R * bk`` elements, and the key block's starting size in tokens."""
+
+    kv_elements: int
+    tile_elements: int
+    kv_tokens: int
+
+
+# Measured on a 2-core CPU: blocks and tiles of about 2**20 elements (4 MiB in float32) were within ~10% of the best.
+CPU_BUDGET = Budget(1 << 20, 1 << 20, 512)
+# On a GPU or TPU each loop step is a launch (and a gather) of its own, and small steps leave the device idle:
+# few large steps (64 sequences x 2048 keys of 8 x 128 per step at the serving issue's shape). Not yet timed on a
+# GPU: the autotuner's candidates surround it.
+ACCELERATOR_BUDGET = Budget(1 << 27, 1 << 27, 2048)
+
+
+def budget_for(backend: str | None) -> Budget:
+    """The step budget of a backend (``"cpu"``, ``"gpu"``, ``"tpu"``; None: JAX's default backend)."""
+    return CPU_BUDGET if (backend or jax.default_backend()) == "cpu" else ACCELERATOR_BUDGET
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,27 +88,34 @@ def balanced(chunk: int, n: int) -> int:
     return cdiv(n, cdiv(n, chunk))
 
 
-def chunk_for(bk: int, items: int, rows: int, h: int, kh: int, e: int) -> int:
-    """Items per chunk for key blocks of ``bk`` tokens: as many as both budgets above allow (at least one),
+def chunk_for(bk: int, items: int, rows: int, h: int, kh: int, e: int, budget: Budget = CPU_BUDGET) -> int:
+    """Items per chunk for key blocks of ``bk`` tokens: as many as the budget allows (at least one),
     balanced over ``items``."""
-    most = min(KV_ELEMENTS // (bk * kh * e), TILE_ELEMENTS // (bk * h * rows))
+    most = min(budget.kv_elements // (bk * kh * e), budget.tile_elements // (bk * h * rows))
     return balanced(max(1, most), max(items, 1))
 
 
-def choose_blocks(items: int, rows: int, h: int, kh: int, e: int, kv_max: int, granule: int) -> tuple[int, int]:
+def choose_blocks(
+    items: int, rows: int, h: int, kh: int, e: int, kv_max: int, granule: int, budget: Budget = CPU_BUDGET
+) -> tuple[int, int]:
     """Heuristic ``(bk, C)``: key block tokens (a multiple of ``granule``, the page size) and items per chunk.
 
     ``items`` items of ``rows`` query rows, ``h``/``kh`` query/kv heads, head dim ``e`` (the larger of
-    D and Dv), at most ``kv_max`` keys per item. The key block starts at ``DEFAULT_KV_TOKENS`` (at most
-    ``kv_max``) and shrinks, by whole granules, while the budgets would leave fewer than ``MIN_CHUNK``
+    D and Dv), at most ``kv_max`` keys per item. The key block starts at ``budget.kv_tokens`` (at most
+    ``kv_max``) and shrinks, by whole granules, while the budget would leave fewer than ``MIN_CHUNK``
     items per chunk; ``C`` is then ``chunk_for(bk, ...)``.
+
+    >>> choose_blocks(64, 1, 32, 8, 128, 4096, 16)  # the serving issue's decode shape on a CPU
+    (128, 8)
+    >>> choose_blocks(64, 1, 32, 8, 128, 4096, 16, ACCELERATOR_BUDGET)  # and on a GPU: two steps of 2048 keys
+    (2048, 64)
     """
     items = max(items, 1)
     whole = cdiv(max(kv_max, 1), granule) * granule
-    bk = min(whole, max(granule, DEFAULT_KV_TOKENS // granule * granule))
-    while chunk_for(bk, MIN_CHUNK, rows, h, kh, e) < min(MIN_CHUNK, items) and bk > granule:
+    bk = min(whole, max(granule, budget.kv_tokens // granule * granule))
+    while chunk_for(bk, MIN_CHUNK, rows, h, kh, e, budget) < min(MIN_CHUNK, items) and bk > granule:
         bk = max(granule, bk // 2 // granule * granule)
-    return bk, chunk_for(bk, items, rows, h, kh, e)
+    return bk, chunk_for(bk, items, rows, h, kh, e, budget)
 
 
 # Around the heuristic (key block, chunk): these factors, clipped and rounded, duplicates dropped.

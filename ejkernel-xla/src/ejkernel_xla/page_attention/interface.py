@@ -15,14 +15,14 @@ import jax.numpy as jnp
 
 from ejkernel.kernels.signatures._serving import refuse_gradients
 
-from ejkernel_xla._paged import candidate_blocks, choose_blocks, chunk_for, options, paged_items
+from ejkernel_xla._paged import Budget, budget_for, candidate_blocks, choose_blocks, chunk_for, options, paged_items
 from ejkernel_xla.params import NoParams, PagedParams, coerce
 
 OP = "page_attention"
 
 
-def _blocks(n: int, h: int, kh: int, e: int, page: int, m: int) -> tuple[int, int]:
-    return choose_blocks(n, 1, h, kh, e, m * page, page)
+def _blocks(n: int, h: int, kh: int, e: int, page: int, m: int, budget: Budget) -> tuple[int, int]:
+    return choose_blocks(n, 1, h, kh, e, m * page, page, budget)
 
 
 def _dims(inv: Any) -> tuple[int, int, int, int, int, int]:
@@ -35,7 +35,7 @@ def _dims(inv: Any) -> tuple[int, int, int, int, int, int]:
 def heuristic_cfg(inv: Any, stage: str) -> PagedParams | NoParams:
     if stage != "fwd":
         return NoParams()  # not differentiable: nothing to tune
-    bk, c = _blocks(*_dims(inv))
+    bk, c = _blocks(*_dims(inv), budget_for(inv.backend))
     return PagedParams(keys_per_block=bk, seqs_per_chunk=c)
 
 
@@ -43,7 +43,7 @@ def candidate_cfgs(inv: Any, stage: str) -> list[PagedParams] | list[NoParams]:
     if stage != "fwd":
         return [NoParams()]
     n, h, kh, e, page, m = _dims(inv)
-    bk, c = _blocks(n, h, kh, e, page, m)
+    bk, c = _blocks(n, h, kh, e, page, m, budget_for(inv.backend))
     return [PagedParams(keys_per_block=bb, seqs_per_chunk=cc) for bb, cc in candidate_blocks(bk, c, n, m * page, page)]
 
 
@@ -65,11 +65,12 @@ def page_attention(
     n, h, d = query.shape
     _, page, kh, _ = key_cache.shape
     m, e = block_tables.shape[1], max(d, value_cache.shape[-1])
-    bk, c = _blocks(n, h, kh, e, page, m)
+    budget = budget_for(None)
+    bk, c = _blocks(n, h, kh, e, page, m, budget)
     p = coerce(PagedParams, fwd_params) or PagedParams()
     if p.keys_per_block is not None:
         bk = max(1, min(m, p.keys_per_block // page)) * page  # whole pages, as paged_items rounds it
-        c = chunk_for(bk, n, 1, h, kh, e)
+        c = chunk_for(bk, n, 1, h, kh, e, budget)
     if p.seqs_per_chunk is not None:
         c = p.seqs_per_chunk
     lens = jnp.asarray(context_lens).astype(jnp.int32)

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from ejkernel.kernels.signatures._serving import refuse_gradients
 
-from ejkernel_xla._paged import candidate_blocks, choose_blocks, chunk_for, options, ragged_dense
+from ejkernel_xla._paged import Budget, budget_for, candidate_blocks, choose_blocks, chunk_for, options, ragged_dense
 from ejkernel_xla.params import NoParams, RaggedDecodeParams, coerce
 
 OP = "ragged_decode_attention"
@@ -29,14 +29,14 @@ def _dims(inv: Any) -> tuple[int, int, int, int, int]:
     return int(b), int(h), int(kh), e, int(s)
 
 
-def _blocks(b: int, h: int, kh: int, e: int, s: int) -> tuple[int, int]:
-    return choose_blocks(b, 1, h, kh, e, s, 1)
+def _blocks(b: int, h: int, kh: int, e: int, s: int, budget: Budget) -> tuple[int, int]:
+    return choose_blocks(b, 1, h, kh, e, s, 1, budget)
 
 
 def heuristic_cfg(inv: Any, stage: str) -> RaggedDecodeParams | NoParams:
     if stage != "fwd":
         return NoParams()  # not differentiable: nothing to tune
-    bk, c = _blocks(*_dims(inv))
+    bk, c = _blocks(*_dims(inv), budget_for(inv.backend))
     return RaggedDecodeParams(keys_per_block=bk, rows_per_chunk=c)
 
 
@@ -44,7 +44,7 @@ def candidate_cfgs(inv: Any, stage: str) -> list[RaggedDecodeParams] | list[NoPa
     if stage != "fwd":
         return [NoParams()]
     b, h, kh, e, s = _dims(inv)
-    bk, c = _blocks(b, h, kh, e, s)
+    bk, c = _blocks(b, h, kh, e, s, budget_for(inv.backend))
     return [RaggedDecodeParams(keys_per_block=bb, rows_per_chunk=cc) for bb, cc in candidate_blocks(bk, c, b, s, 1)]
 
 
@@ -65,11 +65,12 @@ def ragged_decode_attention(
     query, key, value = refuse_gradients(OP, query, key, value)
     b, h, d = query.shape
     s, kh, e = key.shape[1], key.shape[2], max(d, value.shape[-1])
-    bk, c = _blocks(b, h, kh, e, s)
+    budget = budget_for(None)
+    bk, c = _blocks(b, h, kh, e, s, budget)
     p = coerce(RaggedDecodeParams, fwd_params) or RaggedDecodeParams()
     if p.keys_per_block is not None:
         bk = max(1, min(s, p.keys_per_block))
-        c = chunk_for(bk, b, 1, h, kh, e)
+        c = chunk_for(bk, b, 1, h, kh, e, budget)
     if p.rows_per_chunk is not None:
         c = p.rows_per_chunk
     return ragged_dense(

@@ -17,7 +17,16 @@ import jax.numpy as jnp
 
 from ejkernel.kernels.signatures._serving import refuse_gradients
 
-from ejkernel_xla._paged import candidate_blocks, choose_blocks, chunk_for, default_rows, options, ragged_paged
+from ejkernel_xla._paged import (
+    Budget,
+    budget_for,
+    candidate_blocks,
+    choose_blocks,
+    chunk_for,
+    default_rows,
+    options,
+    ragged_paged,
+)
 from ejkernel_xla.params import NoParams, RaggedPagedParams, coerce
 
 OP = "ragged_page_attention"
@@ -38,20 +47,20 @@ def _dims(inv: Any) -> tuple[int, int, int, int, int, int, int]:
 
 
 def _plan(t: int, s: int, h: int, kh: int, e: int, page: int, m: int, rows: int | None,
-          kv_tokens: int | None) -> tuple[int, int, int]:  # fmt: skip
+          kv_tokens: int | None, budget: Budget) -> tuple[int, int, int]:  # fmt: skip
     """``(rows per item, key block tokens, items per chunk)``: the given ones, the heuristic for the rest."""
     r = max(1, min(rows or default_rows(t, s), t))
-    bk, c = choose_blocks(_items(t, s, r), r, h, kh, e, m * page, page)
+    bk, c = choose_blocks(_items(t, s, r), r, h, kh, e, m * page, page, budget)
     if kv_tokens:
         bk = max(1, min(m, kv_tokens // page)) * page  # whole pages, as paged_items rounds it
-        c = chunk_for(bk, _items(t, s, r), r, h, kh, e)
+        c = chunk_for(bk, _items(t, s, r), r, h, kh, e, budget)
     return r, bk, c
 
 
 def heuristic_cfg(inv: Any, stage: str) -> RaggedPagedParams | NoParams:
     if stage != "fwd":
         return NoParams()  # not differentiable: nothing to tune
-    r, bk, _ = _plan(*_dims(inv), None, None)
+    r, bk, _ = _plan(*_dims(inv), None, None, budget_for(inv.backend))
     return RaggedPagedParams(rows_per_item=r, keys_per_block=bk)
 
 
@@ -62,7 +71,7 @@ def candidate_cfgs(inv: Any, stage: str) -> list[RaggedPagedParams] | list[NoPar
     r0 = default_rows(t, s)
     out: list[RaggedPagedParams] = []
     for fr in _ROW_FACTORS:
-        r, bk, c = _plan(t, s, h, kh, e, page, m, max(1, int(r0 * fr)), None)
+        r, bk, c = _plan(t, s, h, kh, e, page, m, max(1, int(r0 * fr)), None, budget_for(inv.backend))
         for bb, _ in candidate_blocks(bk, c, _items(t, s, r), m * page, page)[:3]:  # the key block factors
             cfg = RaggedPagedParams(rows_per_item=r, keys_per_block=bb)
             if cfg not in out:
@@ -91,7 +100,8 @@ def ragged_page_attention(
     _, page, kh, _ = key_cache.shape
     s, m = block_tables.shape
     p = coerce(RaggedPagedParams, fwd_params) or RaggedPagedParams()
-    r, bk, c = _plan(t, s, h, kh, max(d, value_cache.shape[-1]), page, m, p.rows_per_item, p.keys_per_block)
+    e = max(d, value_cache.shape[-1])
+    r, bk, c = _plan(t, s, h, kh, e, page, m, p.rows_per_item, p.keys_per_block, budget_for(None))
     return ragged_paged(
         options(d, softmax_scale, logits_soft_cap, sliding_window),
         query,
