@@ -1,7 +1,8 @@
 """ejkernel plugin of ejkernel-triton (entry point ``[project.entry-points.ejkernel] triton``).
 
-Registers the Triton flash attention for GPUs. With ``EJKERNEL_TRITON_INTERPRET=1`` it also
-registers it for the CPU, where the same kernels run in Triton's interpreter: that is for tests
+Registers the Triton kernels for GPUs (flash attention, the attention block, the serving decode kernels, the
+grouped matmul, the fused recurrent ``gla``/``gated_delta_rule``). With ``EJKERNEL_TRITON_INTERPRET=1`` it also
+registers them for the CPU, where the same kernels run in Triton's interpreter: that is for tests
 only (slow), and the variable must be set before anything imports ``triton`` (see
 ``ejkernel_triton.launch``).
 
@@ -101,6 +102,34 @@ def _register_grouped_matmul(registry, backend: str, priority: int, name: str) -
     )
 
 
+# The fused recurrent decode kernels (ejkernel_triton._recurrent). On GPUs their priority is below the XLA
+# implementation's (10), so nothing changes for users: they were checked only in Triton's interpreter, never on a
+# GPU (none was available when they were written). Check and time them on a GPU, then raise this above 10. (Under
+# EJKERNEL_AUTOTUNE_POLICY=autotune timing, not priority, decides: there they are timed with the others.)
+_RECURRENT_GPU_PRIORITY = 5
+_RECURRENT = ("gla", "gated_delta_rule")
+
+
+def _register_recurrent(registry, backend: str, priority: int, name: str) -> None:  # noqa: ANN001
+    """``gla`` and ``gated_delta_rule`` for decoding (forward kernel; the backward is the reference's VJP)."""
+    for op in _RECURRENT:
+        module = f"ejkernel_triton.{op}"
+        registry.register(
+            op,
+            "triton",
+            backend,
+            priority=priority,
+            name=name,
+            impl=f"{module}:{op}",
+            supports=f"{module}:supports",
+            heuristic_cfg=f"{module}:heuristic_cfg",
+            candidate_cfgs=f"{module}:candidate_cfgs",
+            fwd_params="ejkernel_triton._recurrent:RecurrentParams",
+            bwd_params="ejkernel_triton._recurrent:NoBwdParams",
+            version=__version__,
+        )
+
+
 @hookimpl
 def ejkernel_register_kernels(registry) -> None:  # noqa: ANN001
     _register_flash_attention(registry, "gpu", 100, "triton")
@@ -115,6 +144,9 @@ def ejkernel_register_kernels(registry) -> None:  # noqa: ANN001
     _register_grouped_matmul(registry, "gpu", 100, "triton")
     if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
         _register_grouped_matmul(registry, "cpu", 1, "triton_interpret")
+    _register_recurrent(registry, "gpu", _RECURRENT_GPU_PRIORITY, "triton")
+    if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
+        _register_recurrent(registry, "cpu", 1, "triton_interpret")
 
 
 def _missing_dependency() -> str | None:
