@@ -50,7 +50,7 @@ __all__ = [
 ]
 
 #: The longest mean sequence length served (T, or T / N with packed sequences); longer: the chunked kernels.
-MAX_DECODE_LENGTH = 64
+MAX_DECODE_LENGTH = 32  # speculative decoding verifies a few tokens per step; prefill is the chunked kernels
 _MAX_HEAD_DIM = 256
 _DTYPES = ("float32", "bfloat16", "float16")
 _DEFAULT_SMS = 132  # an H200's, what the heuristics target where no GPU is visible
