@@ -1,18 +1,19 @@
 """Every way to install, test, lint and demo ejkernel; ``nox -l`` lists the sessions.
 
-- ``tests``: the core and every plugin installed together (editable): the whole test suite on 8
-  simulated CPU devices with Triton kernels in Triton's interpreter, after the doctests of the core's
-  modules and of README.md. This is the "everything" configuration.
+- ``tests``: the core and every plugin installed together (editable): the doctests of the core's modules and of
+  README.md, then the test suite on 8 simulated CPU devices with Triton kernels in Triton's interpreter: every
+  conformance suite against every implementation (this is the "everything" configuration), the plugins' own
+  tests, the model-library examples and the typing test. Three directories run in other sessions, so that the
+  two lanes of ``.ci/run`` take about as long: ``tests/reference`` in ``core``, ``tests/core`` in ``xla``,
+  ``tests/pallas`` in ``pallas``.
 - ``core``, ``xla``, ``triton``, ``pallas``, ``cuda``: one install configuration each, the core alone
   or the core with exactly that plugin, installed as a user installs them (not editable). Each
-  checks that exactly the expected plugins load (``tests/install``, told by
-  ``EJKERNEL_EXPECT_PLUGINS``) and, where the plugin has kernels, that they pass the conformance suites
-  installed alone (``tests/conformance``). ``core`` also runs the references' hand-checked cases without any
-  plugin (``tests/reference``; ``tests`` runs the core's own tests, which register the references as a
-  plugin of their own). The suites that ``tests`` already runs on the same kernels are not repeated in full:
-  each runs the suites' float32 comparisons with the reference (a smoke test of the installed package; for
-  ``pallas`` the Mosaic TPU kernels in JAX's TPU interpreter, then ``tests/pallas``, the Pallas kernels at
-  other shapes, which runs there only; for ``triton`` its GPU registrations, interpreted).
+  checks that exactly the expected plugins load (``tests/install``, told by ``EJKERNEL_EXPECT_PLUGINS``).
+  ``core`` runs the references' hand-checked cases without any plugin (``tests/reference``); ``xla`` the core's
+  own tests (``tests/core``: they register the references as a plugin, and some need the XLA kernels);
+  ``triton`` and ``pallas`` the conformance suites' float32 comparisons with the reference against their kernels
+  installed alone (Triton's GPU registrations, interpreted; the Mosaic TPU kernels in JAX's TPU interpreter),
+  and ``pallas`` then ``tests/pallas``, its kernels at other shapes.
 - ``lint``: ``ruff format --check``, ``ruff check`` and ``mypy`` (configured in pyproject.toml).
 - ``demo``: the core and the XLA plugin; runs demo/transformer_block.py, then ``ejkernel info``.
 - ``docs``: builds the documentation site (mkdocs.yml: docs/ and the API reference generated from the
@@ -44,7 +45,7 @@ PLUGINS = ("xla", "triton", "pallas", "cuda")
 # The smoke test of an installed plugin: the suites' float32 comparisons with the reference (``tests`` runs
 # every case and dtype once, with every plugin installed).
 SMOKE = ("-k", "(match_reference or matches_reference) and not candidate and float32")
-CONFORMANCE = {"xla": SMOKE, "triton": ("--ejkernel-backend=gpu", *SMOKE), "pallas": SMOKE}
+CONFORMANCE = {"triton": ("--ejkernel-backend=gpu", *SMOKE), "pallas": SMOKE}
 # The CPU test set-up of docs/design.md §11: 8 simulated devices for sharding, Triton kernels interpreted.
 TEST_ENV = {
     "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
@@ -56,9 +57,11 @@ TEST_ENV = {
 # Only there: interpreting them is slow, and once per CI run is enough (``tests/pallas`` runs them in
 # ``tests`` directly, at shapes the conformance suites do not cover).
 PLUGIN_ENV = {"pallas": {"EJKERNEL_PALLAS_INTERPRET": "1"}}
-# A plugin's own tests that run in its session rather than in ``tests``: the Pallas kernels at shapes the
-# conformance suites do not cover, in JAX's TPU and Mosaic GPU interpreters.
-PLUGIN_SUITES = {"pallas": ("tests/pallas",)}
+# Suites that run in a plugin's session rather than in ``tests`` (so that the two lanes of .ci/run take about as
+# long): the core's own tests with the XLA plugin, which their XLA-needing cases need (the XLA kernels' conformance
+# suites run in ``tests``); the Pallas kernels at shapes the conformance suites do not cover, in JAX's TPU and
+# Mosaic GPU interpreters.
+PLUGIN_SUITES = {"xla": ("tests/core",), "pallas": ("tests/pallas",)}
 LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1")
 # The documentation site (mkdocs.yml); ruff formats the API reference's signatures.
 DOCS_TOOLS = ("mkdocs==1.6.1", "mkdocstrings[python]==1.0.8", "mkdocstrings-python==2.0.11", LINT_TOOLS[0])
@@ -122,9 +125,9 @@ def tests(session: nox.Session) -> None:
             "README.md",
             expect=None,
         )
-    # tests/reference (the references' hand-checked cases, no plugin involved) runs in ``core``, tests/pallas (the
-    # Pallas kernels in JAX's interpreters) in ``pallas``: the two lanes of .ci/run then take about as long.
-    _pytest(session, "tests", "--ignore=tests/reference", "--ignore=tests/pallas", expect=PLUGINS)
+    # tests/reference runs in ``core``, tests/core in ``xla``, tests/pallas in ``pallas`` (see PLUGIN_SUITES).
+    ignore = ("--ignore=tests/reference", "--ignore=tests/core", "--ignore=tests/pallas")
+    _pytest(session, "tests", *ignore, expect=PLUGINS)
 
 
 @nox.session(python=PYTHON)
@@ -143,12 +146,12 @@ def _plugin_session(plugin: str) -> None:
         if plugin in CONFORMANCE:
             suites += ["tests/conformance", *CONFORMANCE[plugin]]
         _pytest(session, *suites, expect=(plugin,), extra_env=PLUGIN_ENV.get(plugin))
-        if plugin in PLUGIN_SUITES and not session.posargs:  # its own tests, unfiltered
+        if plugin in PLUGIN_SUITES and not session.posargs:  # unfiltered
             _pytest(session, *PLUGIN_SUITES[plugin], expect=(plugin,), extra_env=PLUGIN_ENV.get(plugin))
 
     session_fn.__name__ = plugin
     session_fn.__doc__ = f"The core with ejkernel-{plugin} alone, as a user installs them: only that plugin loads" + (
-        ", and its kernels pass the conformance suites." if plugin in CONFORMANCE else "."
+        ", and its kernels pass the conformance suites' float32 comparisons." if plugin in CONFORMANCE else "."
     )
     nox.session(name=plugin, python=PYTHON)(session_fn)
 
