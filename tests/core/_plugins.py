@@ -57,6 +57,8 @@ def costly_attention(
     dropout_seed=None,
     cu_seqlens_q=None,
     cu_seqlens_k=None,
+    kv_lengths=None,
+    prefix_lengths=None,
     fwd_params=None,
     bwd_params=None,
 ):
