@@ -40,6 +40,7 @@ from ejkernel.testing.reference import flash_attention as reference  # noqa: E40
 
 from ejkernel_triton import launch  # noqa: E402
 from ejkernel_triton.flash_attention import candidate_cfgs, flash_attention, heuristic_cfg, supports  # noqa: E402
+from ejkernel_triton.flash_attention.interface import _DEFAULTS as _INTERFACE_DEFAULTS  # noqa: E402
 from ejkernel_triton.flash_attention.interface import (  # noqa: E402
     _backward,
     _forward,
@@ -116,19 +117,8 @@ def check(rng, q, k, v, bias=None, *, bwd_params=BP, **kw) -> tuple[jax.Array, j
     return out, lse
 
 
-_DEFAULTS = dict(
-    attention_mask=None,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    softmax_scale=None,
-    causal=False,
-    sliding_window=None,
-    logits_soft_cap=None,
-    dropout_prob=0.0,
-    dropout_seed=None,
-    cu_seqlens_q=None,
-    cu_seqlens_k=None,
-)
+# The options' defaults, as the interface keeps them (launch params are passed separately).
+_DEFAULTS = {k: v for k, v in _INTERFACE_DEFAULTS.items() if k not in ("fwd_params", "bwd_params")}
 
 
 # ------------------------------------------------------------------------------------------------
