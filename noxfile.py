@@ -3,17 +3,17 @@
 - ``tests``: the core and every plugin installed together (editable): the doctests of the core's modules and of
   README.md, then the test suite on 8 simulated CPU devices with Triton kernels in Triton's interpreter: every
   conformance suite against every implementation (this is the "everything" configuration), the plugins' own
-  tests, the model-library examples and the typing test. Three directories run in other sessions, so that the
-  two lanes of ``.ci/run`` take about as long: ``tests/reference`` in ``core``, ``tests/core`` in ``xla``,
-  ``tests/pallas`` in ``pallas``.
+  tests, the model-library examples and the typing test. Five directories run in other sessions, so that the
+  two lanes of ``.ci/run`` take about as long: ``tests/reference`` in ``core``, ``tests/core`` and
+  ``tests/xla`` in ``xla``, ``tests/triton`` in ``triton``, ``tests/pallas`` in ``pallas``.
 - ``core``, ``xla``, ``triton``, ``pallas``, ``cuda``: one install configuration each, the core alone
   or the core with exactly that plugin, installed as a user installs them (not editable). Each
   checks that exactly the expected plugins load (``tests/install``, told by ``EJKERNEL_EXPECT_PLUGINS``).
   ``core`` runs the references' hand-checked cases without any plugin (``tests/reference``); ``xla`` the core's
   own tests (``tests/core``: they register the references as a plugin, and some need the XLA kernels);
   ``triton`` and ``pallas`` the conformance suites' float32 comparisons with the reference against their kernels
-  installed alone (Triton's GPU registrations, interpreted; the Mosaic TPU kernels in JAX's TPU interpreter),
-  and ``pallas`` then ``tests/pallas``, its kernels at other shapes.
+  installed alone (Triton's GPU registrations, interpreted; the Mosaic TPU kernels in JAX's TPU interpreter);
+  then each plugin's own tests (``tests/xla``, ``tests/triton``, ``tests/pallas``).
 - ``lint``: ``ruff format --check``, ``ruff check`` and ``mypy`` (configured in pyproject.toml).
 - ``demo``: the core and the XLA plugin; runs demo/transformer_block.py, then ``ejkernel info``.
 - ``docs``: builds the documentation site (mkdocs.yml: docs/ and the API reference generated from the
@@ -52,19 +52,16 @@ TEST_ENV = {
     "EJKERNEL_TRITON_INTERPRET": "1",
     # An annotation that refuses a call the op's contract accepts fails the test (users get a warning).
     "EJKERNEL_TYPECHECK": "strict",
-    # At the CPU tier's small shapes the tests are bound by XLA's compile time, which this roughly halves (the
-    # programs mean the same; the GPU tier on the H200 and the demo session run fully optimized).
-    "JAX_DISABLE_MOST_OPTIMIZATIONS": "1",
 }
 # Per plugin session: Pallas's TPU kernels register for the CPU too, and run in JAX's TPU interpret mode.
 # Only there: interpreting them is slow, and once per CI run is enough (``tests/pallas`` runs them in
 # ``tests`` directly, at shapes the conformance suites do not cover).
 PLUGIN_ENV = {"pallas": {"EJKERNEL_PALLAS_INTERPRET": "1"}}
 # Suites that run in a plugin's session rather than in ``tests`` (so that the two lanes of .ci/run take about as
-# long): the core's own tests with the XLA plugin, which their XLA-needing cases need (the XLA kernels' conformance
-# suites run in ``tests``); the Pallas kernels at shapes the conformance suites do not cover, in JAX's TPU and
-# Mosaic GPU interpreters.
-PLUGIN_SUITES = {"xla": ("tests/core",), "pallas": ("tests/pallas",)}
+# long): each plugin's own tests, and the core's own tests with the XLA plugin, which their XLA-needing cases need
+# (the XLA kernels' conformance suites run in ``tests``); the Pallas kernels run in JAX's TPU and Mosaic GPU
+# interpreters, the Triton kernels in Triton's.
+PLUGIN_SUITES = {"xla": ("tests/core", "tests/xla"), "triton": ("tests/triton",), "pallas": ("tests/pallas",)}
 LINT_TOOLS = ("ruff==0.17.6", "mypy==2.4.1")
 # The documentation site (mkdocs.yml); ruff formats the API reference's signatures.
 DOCS_TOOLS = ("mkdocs==1.6.1", "mkdocstrings[python]==1.0.8", "mkdocstrings-python==2.0.11", LINT_TOOLS[0])
@@ -128,8 +125,8 @@ def tests(session: nox.Session) -> None:
             "README.md",
             expect=None,
         )
-    # tests/reference runs in ``core``, tests/core in ``xla``, tests/pallas in ``pallas`` (see PLUGIN_SUITES).
-    ignore = ("--ignore=tests/reference", "--ignore=tests/core", "--ignore=tests/pallas")
+    # tests/reference runs in ``core``, the others below in their plugin's session (see PLUGIN_SUITES).
+    ignore = ["--ignore=tests/reference", *(f"--ignore={d}" for dirs in PLUGIN_SUITES.values() for d in dirs)]
     _pytest(session, "tests", *ignore, expect=PLUGINS)
 
 
