@@ -46,17 +46,33 @@ class Case:
     unit: str
     model: str
     x: str
+    # The ``ejkernel.modules`` function when it is not ``op`` (``gla-decode`` runs ``gla``), and the names of
+    # the trailing arrays of ``Inputs.args`` it takes by keyword (``initial_state``).
+    kernel: str = ""
+    keywords: tuple[str, ...] = ()
+    # What is checked and timed of the op's result: its main output, or everything (a decode step's state).
+    outputs: Callable[[Any], Any] = dataclasses.field(default=lambda out: first(out))
+
+    @property
+    def function(self) -> str:
+        return self.kernel or self.op
+
+    def _arguments(self, args: tuple[Any, ...]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        n = len(args) - len(self.keywords)
+        return args[:n], dict(zip(self.keywords, args[n:], strict=True))
 
     def call(self, platform: str | None, inputs: Inputs) -> Any:
         import ejkernel.modules as modules
 
-        return first(getattr(modules, self.op)(*inputs.args, **inputs.kwargs, platform=platform))
+        args, named = self._arguments(inputs.args)
+        return self.outputs(getattr(modules, self.function)(*args, **named, **inputs.kwargs, platform=platform))
 
     def reference(self, inputs: Inputs) -> Any:
         from ejkernel.testing import reference
 
         args = tuple(a.astype(jnp.float32) if _is_float(a) else a for a in inputs.args)
-        return first(getattr(reference, self.op)(*args, **inputs.kwargs))
+        args, named = self._arguments(args)
+        return self.outputs(getattr(reference, self.function)(*args, **named, **inputs.kwargs))
 
     def parse(self, text: str) -> Shape:
         """``"2x16x8192x128"`` (the letters in order) or ``"B=2,T=8192,causal=1"``, over the defaults."""
@@ -184,6 +200,25 @@ def _delta(s: Shape, dtype: Any) -> Inputs:
     return Inputs((q, k, _normal(kv, (b, t, h, dv), dtype), g, beta), {}, (0, 1, 2, 3, 4))
 
 
+def _decode_state(make: Callable[[Shape, Any], Inputs]) -> Callable[[Shape, Any], Inputs]:
+    """A decode step of a linear-attention op: its inputs plus a float32 state ``[B, H, K, V]`` (passed last, by
+    keyword); the final state is returned (and checked, and timed)."""
+
+    def inputs(s: Shape, dtype: Any) -> Inputs:
+        base = make(s, dtype)
+        state = 0.1 * jax.random.normal(jax.random.key(7), (s["B"], s["H"], s["K"], s["V"]), jnp.float32)
+        return Inputs((*base.args, state), {**base.kwargs, "output_final_state": True}, ())
+
+    return inputs
+
+
+def _state_bytes(s: Shape, pass_: str, dtype: Any) -> float:
+    """The float32 state read and written, plus q, k, v, the gates and the output once."""
+    size = jnp.dtype(dtype).itemsize
+    tokens = s["B"] * s["T"] * s["H"]
+    return float(2 * 4 * s["B"] * s["H"] * s["K"] * s["V"] + size * tokens * (3 * s["K"] + 2 * s["V"]))
+
+
 CHUNK = 64
 
 
@@ -259,6 +294,32 @@ CASES: dict[str, Case] = {
             "TFLOP/s",
             f"chunked form, chunk C={CHUNK}: 2·B·T·H·(3·K·V + C·(K+V)); fwd_bwd 3×",
             "T",
+        ),
+        Case(
+            "gla-decode",
+            ("B", "T", "H", "K", "V"),
+            {"B": 64, "T": 1, "H": 16, "K": 128, "V": 128},
+            _decode_state(_gla),
+            _state_bytes,
+            "TB/s",
+            "the float32 state read and written (2·B·H·K·V·4) plus q, k, g, v, o once, over time",
+            "B",
+            kernel="gla",
+            keywords=("initial_state",),
+            outputs=lambda out: out,
+        ),
+        Case(
+            "gated_delta_rule-decode",
+            ("B", "T", "H", "K", "V"),
+            {"B": 64, "T": 1, "H": 16, "K": 128, "V": 128},
+            _decode_state(_delta),
+            _state_bytes,
+            "TB/s",
+            "the float32 state read and written (2·B·H·K·V·4) plus q, k, v, o once, over time",
+            "B",
+            kernel="gated_delta_rule",
+            keywords=("initial_state",),
+            outputs=lambda out: out,
         ),
     )
 }

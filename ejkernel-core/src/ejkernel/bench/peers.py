@@ -160,6 +160,17 @@ def _copy_reference(s: Shape, inputs: Inputs) -> Callable[..., Any]:
     return lambda q, keys, *rest: keys.astype(jnp.float32)
 
 
+def _copy_state(s: Shape, inputs: Inputs) -> Callable[..., Any]:
+    """A copy of a decode step's float32 state (its last argument): the bytes the step reads and writes."""
+    from ejkernel_triton.copy import device_copy
+
+    return lambda *args: device_copy(args[-1])
+
+
+def _state_reference(s: Shape, inputs: Inputs) -> Callable[..., Any]:
+    return lambda *args: args[-1]
+
+
 def _ragged_dot(s: Shape, inputs: Inputs) -> Callable[..., Any]:
     return lambda lhs, rhs, sizes: jax.lax.ragged_dot(lhs, rhs, sizes)
 
@@ -198,6 +209,8 @@ for _peer in (
         (f"{PALLAS_GPU}.paged_attention",),
         gpu_only=True,
     ),
+    Peer("triton-copy", "gla-decode", _copy_state, ("ejkernel_triton.copy",), True, _state_reference),
+    Peer("triton-copy", "gated_delta_rule-decode", _copy_state, ("ejkernel_triton.copy",), True, _state_reference),
     Peer("lax-ragged_dot", "grouped_matmul", _ragged_dot),
     Peer("tokamax-ragged_dot", "grouped_matmul", _tokamax_ragged_dot, ("tokamax",), gpu_only=True),
     Peer("dense-matmul", "grouped_matmul", _dense_matmul, reference=_dense_matmul_reference),

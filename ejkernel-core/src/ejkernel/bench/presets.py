@@ -68,6 +68,28 @@ PRESETS: dict[str, Preset] = {
         ("B=4,T=4096,H=16,K=128,V=128", "B=4,T=1024,H=16,K=128,V=128"),
         about="the gated delta rule",
     ),
+    "linear-decode": Preset(
+        "gla-decode",
+        (
+            "B=64,T=1,H=16,K=128,V=128",
+            "B=64,T=4,H=16,K=128,V=128",
+            "B=1,T=1,H=16,K=128,V=128",
+            "B=256,T=1,H=16,K=128,V=128",
+        ),
+        passes=("fwd",),
+        about="a gla decode step against a float32 state [B, H16, 128, 128] (the linear-attention issue's shape)",
+    ),
+    "delta-decode": Preset(
+        "gated_delta_rule-decode",
+        (
+            "B=64,T=1,H=16,K=128,V=128",
+            "B=64,T=4,H=16,K=128,V=128",
+            "B=1,T=1,H=16,K=128,V=128",
+            "B=256,T=1,H=16,K=128,V=128",
+        ),
+        passes=("fwd",),
+        about="a gated delta rule decode step against a float32 state [B, H16, 128, 128]",
+    ),
     # Were ejkernel-xla/benchmarks/flash_attention_cpu.py and linear_attention_cpu.py (their times; the memory
     # scaling is a test now, tests/xla/test_flash_attention_memory.py).
     "flash-cpu": Preset(

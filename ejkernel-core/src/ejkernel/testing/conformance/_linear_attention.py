@@ -69,6 +69,12 @@ GPU_CASES = [
     Case("gpu_long", b=2, t=1031, h=4, dk=128, dv=128),
     Case("gpu_varlen", b=1, t=2053, h=4, dk=128, dv=128, cu_seqlens=(0, 1, 700, 700, 1709, 2040)),
 ]
+# Decode steps at realistic head dims (gla, gated_delta_rule: the fused recurrent kernels' shapes): a batch of 64
+# two-token steps with grouped value heads, and packed steps of 0 to 4 tokens.
+GPU_DECODE_CASES = [
+    Case("gpu_decode", b=64, t=2, h=4, hv=8, dk=128, dv=128),
+    Case("gpu_decode_packed", b=1, t=18, h=4, dk=128, dv=128, cu_seqlens=(0, 1, 3, 3, 7, 8, 12, 13, 16)),
+]
 # Every candidate chunk: a length of several chunks of each (16, 32, 64), a multiple of none.
 CANDIDATE_CASE = Case("candidates", b=1, t=80, h=2, dk=16, dv=12)
 

@@ -107,6 +107,20 @@ GPU_CASES = [
         initial_state=True,
         options=(("output_final_state", True), ("use_qk_l2norm", True)),
     ),
+    # Decode steps (the fused recurrent kernels' shapes): 64 two-token steps with grouped value heads, and packed
+    # steps of 0 to 4 tokens.
+    Case("gpu_decode", b=64, t=2, h=4, hv=8, k=128, v=128, initial_state=True, options=(("output_final_state", True),)),
+    Case(
+        "gpu_decode_packed_l2norm",
+        b=1,
+        t=18,
+        h=4,
+        k=128,
+        v=128,
+        cu_seqlens=(0, 1, 3, 3, 7, 8, 12, 13, 16),
+        initial_state=True,
+        options=(("output_final_state", True), ("use_qk_l2norm", True)),
+    ),
 ]
 GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 

@@ -27,6 +27,7 @@ from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_i
 from ejkernel.testing.conformance._linear_attention import (
     CANDIDATE_CASE,
     GPU_CASES,
+    GPU_DECODE_CASES,
     Case,
     assert_jit_and_vmap_agree,
     assert_split_equals_carrying_the_state,
@@ -67,7 +68,9 @@ CASES = [
 # Every case in float32; these also in half precision (compiling is what costs time on CI).
 ALL = dtype_cases(CASES, {"plain": ("bfloat16", "float16"), "varlen": ("bfloat16", "float16")})
 # The GPU tier's realistic shapes (``_linear_attention.GPU_CASES``).
-GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
+GPU_DTYPE_CASES = [
+    pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES + GPU_DECODE_CASES for d in ("bfloat16", "float32")
+]
 
 
 def make_inputs(case: Case, dtype: str, seed: int) -> tuple[dict[str, Any], dict[str, Any]]:
