@@ -1,10 +1,10 @@
 """ejkernel plugin of ejkernel-triton (entry point ``[project.entry-points.ejkernel] triton``).
 
 Registers the Triton kernels for GPUs (flash attention, the attention block, the serving decode kernels, the
-grouped matmul, the fused recurrent ``gla``/``gated_delta_rule``). With ``EJKERNEL_TRITON_INTERPRET=1`` it also
-registers them for the CPU, where the same kernels run in Triton's interpreter: that is for tests
-only (slow), and the variable must be set before anything imports ``triton`` (see
-``ejkernel_triton.launch``).
+grouped matmul, the fused recurrent ``gla``/``gated_delta_rule``, the
+``multi_head_latent_attention`` decode kernel). With ``EJKERNEL_TRITON_INTERPRET=1`` it also registers them for
+the CPU, where the same kernels run in Triton's interpreter: that is for tests only (slow), and the variable must
+be set before anything imports ``triton`` (see ``ejkernel_triton.launch``).
 
 The references are lazy strings, so loading this plugin imports neither Triton nor jax-triton.
 """
@@ -130,6 +130,32 @@ def _register_recurrent(registry, backend: str, priority: int, name: str) -> Non
         )
 
 
+# The split-K decode kernel of ``multi_head_latent_attention`` (ejkernel_triton.multi_head_latent_attention). Below
+# the XLA implementation (10) on GPUs until it has been checked and timed on one (it was written and checked in
+# Triton's interpreter, and compiled for sm_90 without a GPU): then raise this above 10. Under
+# EJKERNEL_AUTOTUNE_POLICY=autotune timing, not priority, decides.
+_MLA_GPU_PRIORITY = 5
+
+
+def _register_mla(registry, backend: str, priority: int, name: str) -> None:  # noqa: ANN001
+    """``multi_head_latent_attention`` for decoding (forward kernel; the backward is the reference's VJP)."""
+    module = "ejkernel_triton.multi_head_latent_attention"
+    registry.register(
+        "multi_head_latent_attention",
+        "triton",
+        backend,
+        priority=priority,
+        name=name,
+        impl=f"{module}:multi_head_latent_attention",
+        supports=f"{module}:supports",
+        heuristic_cfg=f"{module}:heuristic_cfg",
+        candidate_cfgs=f"{module}:candidate_cfgs",
+        fwd_params=f"{module}:MlaDecodeParams",
+        bwd_params=f"{module}:MlaBwdParams",
+        version=__version__,
+    )
+
+
 @hookimpl
 def ejkernel_register_kernels(registry) -> None:  # noqa: ANN001
     _register_flash_attention(registry, "gpu", 100, "triton")
@@ -147,6 +173,9 @@ def ejkernel_register_kernels(registry) -> None:  # noqa: ANN001
     _register_recurrent(registry, "gpu", _RECURRENT_GPU_PRIORITY, "triton")
     if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
         _register_recurrent(registry, "cpu", 1, "triton_interpret")
+    _register_mla(registry, "gpu", _MLA_GPU_PRIORITY, "triton")
+    if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
+        _register_mla(registry, "cpu", 1, "triton_interpret")
 
 
 def _missing_dependency() -> str | None:

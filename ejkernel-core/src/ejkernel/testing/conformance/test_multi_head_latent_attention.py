@@ -71,6 +71,8 @@ CASES = [
     Case("paged_decode_zero_length", t=1, lens=(29, 0)),
     Case("paged_causal_shared_prefix", t=4, lens=(37, 21), causal=True, shared=2),
     Case("paged_causal_rows_without_keys", t=9, lens=(5, 17), causal=True, page=4),
+    # A decode step as decode kernels take it: 2 queries, 16 heads, an empty row, pages that split the lengths.
+    Case("paged_decode_causal_t2_heads16", b=3, t=2, h=16, dl=64, dr=16, lens=(45, 0, 19), causal=True, page=16),
 ]
 
 
@@ -116,13 +118,15 @@ CASE_DTYPES = [
     if d == "float32" or c.name in HALF_PRECISION_CASES
 ]
 # The GPU tier's realistic shapes: DeepSeek's dims, lengths of many blocks, a multiple of none; paged decoding of 64
-# sequences of 1000 to 2100 tokens and a chunked prefill over a shared prefix, on pages of 64.
+# sequences of 1000 to 2100 tokens and a chunked prefill over a shared prefix, on pages of 64; a decode step with
+# DeepSeek-V3's 128 heads.
 GPU_CASES = [
     Case("gpu_dense_causal", t=1031, s=1031, h=16, dl=512, dr=64, causal=True),
     Case("gpu_paged_decode", b=64, t=1, h=16, dl=512, dr=64, lens=tuple(1000 + (i * 397) % 1100 for i in range(64)),
          page=64),
     Case("gpu_paged_prefill_shared_prefix", b=4, t=257, h=16, dl=512, dr=64, lens=(2053, 1700, 1031, 300),
          causal=True, page=64, shared=8),
+    Case("gpu_paged_decode_deepseek_heads", b=4, t=1, h=128, dl=512, dr=64, lens=(1000,) * 4, causal=True, page=64),
 ]  # fmt: skip
 GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
