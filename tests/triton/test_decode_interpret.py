@@ -113,6 +113,12 @@ def test_device_copy_the_bench_ceiling_is_exact():
 
     x = jnp.asarray(np.random.default_rng(2).standard_normal((3, 1000, 7)), jnp.bfloat16)
     np.testing.assert_array_equal(np.asarray(device_copy(x, block=1024), np.float32), np.asarray(x, np.float32))
-    for op in ("page_attention", "ragged_decode_attention"):
+    even = x.reshape(-1)[:2048]  # a multiple of the block: the unmasked path
+    np.testing.assert_array_equal(np.asarray(device_copy(even, block=1024)), np.asarray(even))
+    half = device_copy(x, size=x.size // 2, block=1024)  # the MLA peer's half of the cache
+    np.testing.assert_array_equal(np.asarray(half, np.float32), np.asarray(x.reshape(-1)[: x.size // 2], np.float32))
+    with pytest.raises(ValueError, match="size must be"):
+        device_copy(x, size=0)
+    for op in ("page_attention", "ragged_decode_attention", "multi_head_latent_attention"):
         peer = PEERS[(op, "triton-copy")]
         assert peer.gpu_only and peer.reference is not None

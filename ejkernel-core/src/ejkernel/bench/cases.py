@@ -150,6 +150,23 @@ def _ragged_decode(s: Shape, dtype: Any) -> Inputs:
     return Inputs((q, k, v, start, jnp.full((s["B"],), s["L"], jnp.int32)), {}, ())
 
 
+def _latent(s: Shape, dtype: Any) -> Inputs:
+    """MLA decode: one query token per row against a paged latent cache ``[pages, P, D + R]`` (latent ``D`` plus
+    rope ``R`` dims; values are the first ``D``), every row at length ``L``, pages in random order."""
+    n, page, length, dk = s["B"], s["P"], s["L"], s["D"] + s["R"]
+    per_seq = -(-length // page)
+    kq, kk, kp = jax.random.split(jax.random.key(0), 3)
+    q = _normal(kq, (n, 1, s["H"], dk), dtype)
+    kv = _normal(kk, (n * per_seq, page, dk), dtype)
+    tables = jax.random.permutation(kp, n * per_seq).reshape(n, per_seq).astype(jnp.int32)
+    return Inputs((q, kv, tables, jnp.full((n,), length, jnp.int32)), {"latent_dim": s["D"]}, ())
+
+
+def _latent_bytes(s: Shape, pass_: str, dtype: Any) -> float:
+    size = jnp.dtype(dtype).itemsize
+    return float(size * s["B"] * (s["L"] * (s["D"] + s["R"]) + s["H"] * (2 * s["D"] + s["R"])))
+
+
 def zipf_group_sizes(m: int, g: int, exponent: float = 1.2, empty: int = 2, seed: int = 0) -> np.ndarray:
     """Group sizes of ``m`` rows routed to ``g`` experts by a Zipf law (expert of rank ``r`` drawn with probability
     ``∝ r ** -exponent``, ranks shuffled), the ``empty`` least likely experts left without rows (when ``g > empty``).
@@ -264,6 +281,17 @@ CASES: dict[str, Case] = {
             "TB/s",
             "bytes of K and V read once (B·L·K·D·2) plus Q and O (B·H·D·2), over time",
             "L",
+        ),
+        Case(
+            "multi_head_latent_attention",
+            ("B", "H", "L", "D", "R", "P"),
+            {"B": 64, "H": 128, "L": 4096, "D": 512, "R": 64, "P": 64},
+            _latent,
+            _latent_bytes,
+            "TB/s",
+            "bytes of the latent cache read once (B·L·(D+R)·2) plus Q and O (B·H·(2·D+R)·2), over time",
+            "L",
+            keywords=("block_tables", "cache_seqlens"),
         ),
         Case(
             "grouped_matmul",

@@ -160,6 +160,17 @@ def _copy_reference(s: Shape, inputs: Inputs) -> Callable[..., Any]:
     return lambda q, keys, *rest: keys.astype(jnp.float32)
 
 
+def _copy_half_latent(s: Shape, inputs: Inputs) -> Callable[..., Any]:
+    """A copy of the first half of the latent cache: it reads and writes as many bytes as MLA decode reads."""
+    from ejkernel_triton.copy import device_copy
+
+    return lambda q, kv, *rest: device_copy(kv, size=kv.size // 2)
+
+
+def _half_latent_reference(s: Shape, inputs: Inputs) -> Callable[..., Any]:
+    return lambda q, kv, *rest: kv.reshape(-1)[: kv.size // 2].astype(jnp.float32)
+
+
 def _copy_state(s: Shape, inputs: Inputs) -> Callable[..., Any]:
     """A copy of a decode step's float32 state (its last argument): the bytes the step reads and writes."""
     from ejkernel_triton.copy import device_copy
@@ -208,6 +219,14 @@ for _peer in (
         _pallas_paged_ragged,
         (f"{PALLAS_GPU}.paged_attention",),
         gpu_only=True,
+    ),
+    Peer(
+        "triton-copy",
+        "multi_head_latent_attention",
+        _copy_half_latent,
+        ("ejkernel_triton.copy",),
+        True,
+        _half_latent_reference,
     ),
     Peer("triton-copy", "gla-decode", _copy_state, ("ejkernel_triton.copy",), True, _state_reference),
     Peer("triton-copy", "gated_delta_rule-decode", _copy_state, ("ejkernel_triton.copy",), True, _state_reference),

@@ -48,6 +48,17 @@ PRESETS: dict[str, Preset] = {
         passes=("fwd",),
         about="decode over a dense cache with per-row ranges",
     ),
+    "mla-decode": Preset(
+        "multi_head_latent_attention",
+        (
+            "B=64,H=128,L=4096,D=512,R=64,P=64",  # DeepSeek-V3 dims (the serving issue's shape)
+            "B=1,H=128,L=32768,D=512,R=64,P=64",
+            "B=256,H=128,L=1024,D=512,R=64,P=64",
+            "B=64,H=16,L=4096,D=512,R=64,P=64",  # 16 heads per device (tensor parallel 8)
+        ),
+        passes=("fwd",),
+        about="multi-head latent attention decode over a paged bf16 latent cache, DeepSeek-V3 dims",
+    ),
     "moe": Preset(
         "grouped_matmul",
         (
