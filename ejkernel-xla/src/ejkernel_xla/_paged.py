@@ -41,11 +41,13 @@ MIN_CHUNK = 8  # shrink the key block rather than process fewer items than this 
 @dataclasses.dataclass(frozen=True)
 class Budget:
     """How large one loop step may be: a gathered key block of ``C * bk * K * max(D, Dv)`` elements, a score tile
-    of ``C * H * R * bk`` elements, and the key block's starting size in tokens."""
+    of ``C * H * R * bk`` elements, and the key block's starting size in tokens; ``grow``: whether the key block
+    may grow past that when every item fits one chunk."""
 
     kv_elements: int
     tile_elements: int
     kv_tokens: int
+    grow: bool = False
 
 
 # Measured on a 2-core CPU: blocks and tiles of about 2**20 elements (4 MiB in float32) were within ~10% of the best.
@@ -53,7 +55,9 @@ CPU_BUDGET = Budget(1 << 20, 1 << 20, 512)
 # On a GPU or TPU each loop step is a launch (and a gather) of its own, and small steps leave the device idle:
 # few large steps (64 sequences x 2048 keys of 8 x 128 per step at the serving issue's shape). Not yet timed on a
 # GPU: the autotuner's candidates surround it.
-ACCELERATOR_BUDGET = Budget(1 << 27, 1 << 27, 2048)
+# Growing the block for few items (one long sequence: 16 steps of 2048 keys became one) is for accelerators only:
+# the CPU keeps the measured block size (and the CPU tier its multi-block loops).
+ACCELERATOR_BUDGET = Budget(1 << 27, 1 << 27, 2048, grow=True)
 
 
 def budget_for(backend: str | None) -> Budget:
@@ -103,18 +107,23 @@ def choose_blocks(
     ``items`` items of ``rows`` query rows, ``h``/``kh`` query/kv heads, head dim ``e`` (the larger of
     D and Dv), at most ``kv_max`` keys per item. The key block starts at ``budget.kv_tokens`` (at most
     ``kv_max``) and shrinks, by whole granules, while the budget would leave fewer than ``MIN_CHUNK``
-    items per chunk; ``C`` is then ``chunk_for(bk, ...)``.
+    items per chunk; or, with ``budget.grow`` and every item in one chunk, doubles while they still fit (few
+    sequences, or one kv head: fewer, larger loop steps); ``C`` is then ``chunk_for(bk, ...)``.
 
     >>> choose_blocks(64, 1, 32, 8, 128, 4096, 16)  # the serving issue's decode shape on a CPU
     (128, 8)
     >>> choose_blocks(64, 1, 32, 8, 128, 4096, 16, ACCELERATOR_BUDGET)  # and on a GPU: two steps of 2048 keys
     (2048, 64)
+    >>> choose_blocks(1, 1, 32, 8, 128, 32768, 16, ACCELERATOR_BUDGET)  # one long sequence: one step
+    (32768, 1)
     """
     items = max(items, 1)
     whole = cdiv(max(kv_max, 1), granule) * granule
     bk = min(whole, max(granule, budget.kv_tokens // granule * granule))
     while chunk_for(bk, MIN_CHUNK, rows, h, kh, e, budget) < min(MIN_CHUNK, items) and bk > granule:
         bk = max(granule, bk // 2 // granule * granule)
+    while budget.grow and bk < whole and chunk_for(min(whole, 2 * bk), items, rows, h, kh, e, budget) >= items:
+        bk = min(whole, 2 * bk)
     return bk, chunk_for(bk, items, rows, h, kh, e, budget)
 
 
