@@ -150,6 +150,28 @@ def _ragged_decode(s: Shape, dtype: Any) -> Inputs:
     return Inputs((q, k, v, start, jnp.full((s["B"],), s["L"], jnp.int32)), {}, ())
 
 
+def _mixed(s: Shape, dtype: Any) -> Inputs:
+    """A ragged serving batch: ``N`` decode rows and ``F`` prefills of ``Q`` new tokens, every sequence at ``L``
+    tokens (the new ones included), pages of ``P`` in random order."""
+    seqs, page, length = s["N"] + s["F"], s["P"], s["L"]
+    per_seq = -(-length // page)
+    q_lens = np.array([1] * s["N"] + [s["Q"]] * s["F"], np.int32)
+    kq, kk, kv, kp = jax.random.split(jax.random.key(0), 4)
+    q = _normal(kq, (int(q_lens.sum()), s["H"], s["D"]), dtype)
+    kc = _normal(kk, (seqs * per_seq, page, s["K"], s["D"]), dtype)
+    vc = _normal(kv, (seqs * per_seq, page, s["K"], s["D"]), dtype)
+    tables = jax.random.permutation(kp, seqs * per_seq).reshape(seqs, per_seq).astype(jnp.int32)
+    cu = jnp.asarray(np.concatenate([[0], np.cumsum(q_lens)]), jnp.int32)
+    lens = jnp.full((seqs,), length, jnp.int32)
+    return Inputs((q, kc, vc, lens, tables, cu, jnp.array([seqs], jnp.int32)), {}, ())
+
+
+def _mixed_flops(s: Shape, pass_: str, dtype: Any) -> float:
+    """``4·H·D`` per (query row, admitted key): decode rows admit ``L`` keys, prefill row ``r`` ``L - Q + r + 1``."""
+    keys = s["N"] * s["L"] + s["F"] * (s["Q"] * (s["L"] - s["Q"]) + s["Q"] * (s["Q"] + 1) // 2)
+    return 4.0 * s["H"] * s["D"] * keys
+
+
 def _latent(s: Shape, dtype: Any) -> Inputs:
     """MLA decode: one query token per row against a paged latent cache ``[pages, P, D + R]`` (latent ``D`` plus
     rope ``R`` dims; values are the first ``D``), every row at length ``L``, pages in random order."""
@@ -280,6 +302,17 @@ CASES: dict[str, Case] = {
             _decode_bytes,
             "TB/s",
             "bytes of K and V read once (B·L·K·D·2) plus Q and O (B·H·D·2), over time",
+            "L",
+        ),
+        Case(
+            "ragged_page_attention",
+            ("N", "F", "Q", "L", "H", "K", "D", "P"),
+            {"N": 48, "F": 4, "Q": 512, "L": 4096, "H": 32, "K": 8, "D": 128, "P": 16},
+            _mixed,
+            _mixed_flops,
+            "TFLOP/s",
+            "4·H·D per query row and admitted key (decode rows: L keys; prefill row r: L−Q+r+1); "
+            "with F=0 (decode only, bf16) TB/s of K and V = this × K/H",
             "L",
         ),
         Case(

@@ -48,6 +48,16 @@ PRESETS: dict[str, Preset] = {
         passes=("fwd",),
         about="decode over a dense cache with per-row ranges",
     ),
+    "serving-mixed": Preset(
+        "ragged_page_attention",
+        (
+            "N=48,F=4,Q=512,L=4096,H=32,K=8,D=128,P=16",  # the serving issue's mixed batch
+            "N=0,F=4,Q=512,L=4096,H=32,K=8,D=128,P=16",  # its prefill rows alone
+            "N=48,F=0,Q=0,L=4096,H=32,K=8,D=128,P=16",  # its decode rows alone
+        ),
+        passes=("fwd",),
+        about="ragged paged attention: 48 decode rows plus 4 prefills of 512, all at 4096 context, and each part alone",
+    ),
     "mla-decode": Preset(
         "multi_head_latent_attention",
         (

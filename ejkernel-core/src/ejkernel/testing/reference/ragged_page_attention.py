@@ -44,10 +44,20 @@ def ragged_page_attention(
     owned = owner.any(axis=1)
     seq = jnp.argmax(owner, axis=1)
     position = kv[seq] - (ends[seq] - starts[seq]) + (jnp.arange(t) - starts[seq])  # [T]
-    keys = dense_pages(key_cache, block_tables)[seq]  # [T, M * page, K, D]: each row's own sequence
-    values = dense_pages(value_cache, block_tables)[seq]
-    j = jnp.arange(keys.shape[1])[None, :]
-    allowed = owned[:, None] & (j <= position[:, None]) & (j < kv[seq][:, None])
-    if sliding_window is not None:
-        allowed &= j > position[:, None] - sliding_window
-    return masked_attention(query, keys, values, allowed, softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap)
+    keys = dense_pages(key_cache, block_tables)  # [S, M * page, K, D]: each sequence's tokens in order
+    values = dense_pages(value_cache, block_tables)
+    j = jnp.arange(keys.shape[1])
+
+    def row(x: Any) -> jax.Array:
+        q, s, i, ok = x  # one query row: [H, D], its sequence, position, whether it is a query at all
+        allowed = ok & (j <= i) & (j < kv[s])
+        if sliding_window is not None:
+            allowed &= j > i - sliding_window
+        out = masked_attention(
+            q[None], keys[s][None], values[s][None], allowed[None],
+            softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap,
+        )  # fmt: skip
+        return out[0]
+
+    # A few rows at a time: each row's keys, repeated over the query heads in float32, are O(context * H * D).
+    return jax.lax.map(row, (query, seq, position, owned), batch_size=16)
