@@ -28,6 +28,7 @@ from ejkernel.testing import reference  # noqa: E402
 from ejkernel_triton._decode import DenseDecodeParams, PagedDecodeParams, num_splits  # noqa: E402
 from ejkernel_triton.page_attention import page_attention  # noqa: E402
 from ejkernel_triton.ragged_decode_attention import ragged_decode_attention  # noqa: E402
+from ejkernel_triton.ragged_page_attention import RaggedPageParams, ragged_page_attention  # noqa: E402
 
 
 def _paged(rng, lens, page, h, kh, d, dtype=np.float32):
@@ -102,6 +103,42 @@ def test_ragged_decode_more_splits_than_blocks_bf16():
     out = ragged_decode_attention(q, k, v, start, end, fwd_params=DenseDecodeParams(num_splits=9, keys_per_block=16))
     want = reference.ragged_decode_attention(q, k, v, start, end)
     np.testing.assert_allclose(np.asarray(out, np.float32), np.asarray(want, np.float32), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize(
+    ("h", "kh", "d", "dv", "page", "block_m", "options"),
+    [
+        (6, 2, 48, 24, 4, 16, {"logits_soft_cap": 3.0}),  # G = 3 (5 rows a tile), head dims below the block
+        (4, 1, 32, 32, 16, 32, {"sliding_window": 20}),  # MQA, blocks before the window skipped
+    ],
+)
+def test_ragged_page_prefill_tiles_long_contexts(h, kh, d, dv, page, block_m, options):
+    """What the conformance suite's short contexts miss: key blocks every row of a tile admits whole (the unmasked
+    loop), several tiles of one sequence, tile rows that are not a power of two, a page wider than a key block."""
+    rng = np.random.default_rng(h + page)
+    seqs = [(3, 70), (1, 50), (40, 90), (2, 2), (17, 17), (1, 1)]
+    q_lens = [q for q, _ in seqs]
+    lens = [kv for _, kv in seqs] + [0]
+    q, kc, vc, kv, tables = _paged(rng, lens, page, h, kh, d)
+    vc = rng.standard_normal((*vc.shape[:-1], dv)).astype(np.float32)
+    t = sum(q_lens) + 3  # 3 padding rows
+    q = rng.standard_normal((t, h, d)).astype(np.float32)
+    cu = np.asarray([0, *np.cumsum(q_lens), t + 4], np.int32)  # a garbage offset past num_seqs
+    args = tuple(jnp.asarray(x) for x in (q, kc, vc, kv, tables, cu, [len(seqs)]))
+    p = RaggedPageParams(num_splits=3, prefill_block_m=block_m, prefill_block_n=16)
+    out = jax.jit(lambda *a: ragged_page_attention(*a, fwd_params=p, **options))(*args)
+    want = reference.ragged_page_attention(*args, **options)
+    np.testing.assert_allclose(np.asarray(out), np.asarray(want), atol=2e-5, rtol=2e-5)
+    assert np.all(np.asarray(out)[sum(q_lens) :] == 0)
+
+
+def test_ragged_page_params():
+    with pytest.raises(ValueError, match="RaggedPageParams.prefill_block_m must be a power of two >= 16"):
+        RaggedPageParams(prefill_block_m=8)
+    with pytest.raises(ValueError, match="RaggedPageParams.prefill_num_warps must be a power of two"):
+        RaggedPageParams(prefill_num_warps=6)
+    assert isinstance(RaggedPageParams(), PagedDecodeParams)  # what the registry's class check accepts
+    assert RaggedPageParams.from_generic(FwdParams(num_warps=8)) == RaggedPageParams(num_warps=8)
 
 
 def test_device_copy_the_bench_ceiling_is_exact():
