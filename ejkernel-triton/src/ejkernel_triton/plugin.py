@@ -131,6 +131,32 @@ def _register_recurrent(registry, backend: str, priority: int, name: str) -> Non
         )
 
 
+# The chunked ``gla`` kernels (ejkernel_triton.gla.chunk), forward and backward, for training shapes. Below the XLA
+# implementation (10) on GPUs: they have not been checked on a GPU yet (written and checked in Triton's interpreter,
+# and compiled for sm_90 without a GPU). Check and time them on one, then raise this above 10 (below the recurrent
+# kernels' priority, which keeps the decode steps those serve). Registered after the recurrent kernels.
+_CHUNK_GPU_PRIORITY = 5
+
+
+def _register_chunk(registry, backend: str, priority: int, name: str) -> None:  # noqa: ANN001
+    """``gla`` by the chunked kernels (any length; forward and backward kernels, each with its own launch params)."""
+    module = "ejkernel_triton.gla.chunk"
+    registry.register(
+        "gla",
+        "triton",
+        backend,
+        priority=priority,
+        name=name,
+        impl=f"{module}:gla",
+        supports=f"{module}:supports",
+        heuristic_cfg=f"{module}:heuristic_cfg",
+        candidate_cfgs=f"{module}:candidate_cfgs",
+        fwd_params=f"{module}:ChunkFwdParams",
+        bwd_params=f"{module}:ChunkBwdParams",
+        version=__version__,
+    )
+
+
 # The split-K decode kernel of ``multi_head_latent_attention`` (ejkernel_triton.multi_head_latent_attention). Below
 # the XLA implementation (10) on GPUs until it has been checked and timed on one (it was written and checked in
 # Triton's interpreter, and compiled for sm_90 without a GPU): then raise this above 10. Under
@@ -174,6 +200,9 @@ def ejkernel_register_kernels(registry) -> None:  # noqa: ANN001
     _register_recurrent(registry, "gpu", _RECURRENT_GPU_PRIORITY, "triton")
     if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
         _register_recurrent(registry, "cpu", 1, "triton_interpret")
+    _register_chunk(registry, "gpu", _CHUNK_GPU_PRIORITY, "triton_chunk")
+    if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
+        _register_chunk(registry, "cpu", 1, "triton_chunk_interpret")
     _register_mla(registry, "gpu", _MLA_GPU_PRIORITY, "triton")
     if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
         _register_mla(registry, "cpu", 1, "triton_interpret")

@@ -1,0 +1,690 @@
+"""The chunked kernels of gated linear attention (``gla``), forward and backward.
+
+Per sequence and value head the recurrence ``S_t = diag(exp(g_t)) S_{t-1} + k_t^T v_t``, ``o_t = scale q_t S_t``
+is cut into chunks of ``BT`` tokens. Inside a chunk, with ``b`` the cumulative log gate from the chunk's start
+(token included) and ``b_L`` its last valid row, a chunk entered with state ``S`` gives::
+
+    o_i    = scale (q_i * exp(b_i)) S  +  sum_{j <= i} A_ij v_j,   A_ij = scale sum_c q_ic k_jc exp(b_ic - b_jc)
+    S_next = diag(exp(b_L)) S  +  (k * exp(b_L - b))^T v
+
+Kernels (``launch`` order; the forward is the first four, the backward recomputes them and runs the rest):
+
+* :func:`chunk_gate_cumsum`: ``b``, the chunk-local cumulative gates (float32);
+* :func:`chunk_state_fwd`: one program per (sequence, value head, key block, value block) walks the chunks and
+  stores the state at each chunk's start ``h [NT, HV, K, V]`` and the final state;
+* :func:`chunk_intra_attn`: ``A [NT, HV, BT, BT]`` (scale included; zeros above the diagonal);
+* :func:`chunk_output`: ``o = scale (q * exp(b)) @ h + A @ v``;
+* :func:`chunk_state_bwd`: the reverse recurrence of the state's gradient; stores ``dhe``, the gradient of the
+  state at each chunk's *end* (what the chunk's keys and values fed), and the initial state's gradient;
+* :func:`chunk_attn_grad`: ``dA = scale do @ v^T`` below the diagonal;
+* :func:`chunk_dv`: ``dv = A^T @ do + (k * exp(b_L - b)) @ dhe``;
+* :func:`chunk_dqk_intra`, :func:`chunk_dqk_inter`: ``dq``, ``dk`` (per value head) and the gates' gradient
+  ``dg``, chunk by chunk (:func:`chunk_dqk_inter` says how: no reverse cumulative sum over the whole sequence).
+
+Numerical stability (log gates may be -100 per token): no exponent is ever positive. The intra-chunk scores are
+computed in blocks of ``BC`` rows. The columns left of a row block are one product, ``exp(b_i - b_j)`` factored
+around the cumulative gate ``b_r`` of the block's first row, ``exp(b_i - b_r) exp(b_r - b_j)``, both factors at
+most 1; the diagonal block is computed element by element (in ``BKD`` key channels at a time), the exponent
+masked to ``j <= i`` before ``exp``. Padded rows and channels read as 0 and are kept out of every exponent that
+could be positive.
+
+Layouts (C-contiguous; ``R = B T`` rows of tokens, ``N`` sequences, ``NT`` chunks over all sequences):
+
+* ``q``, ``k [R, H, DK]``; ``v``, ``do [R, HV, DV]``; gates ``g``, ``b [R, HV, GK]`` with ``GK == DK`` (one
+  decay per key channel; the gates' loads also take ``GK == 1``, one per head broadcast over the key channels,
+  but ``dg`` is per key channel);
+* ``Cu [N + 1]`` int32: sequence ``n`` is rows ``[Cu[n], Cu[n + 1])`` (non-decreasing, within ``[0, R]``);
+  ``ChunkOff [N + 1]``: its chunks are ``[ChunkOff[n], ChunkOff[n + 1])``; ``ChunkSeq [NT]``: the sequence of
+  each chunk (a chunk past the last is empty: every row masked);
+* states ``h0``, ``ht``, ``dht``, ``dh0 [N, HV, DK, DV]``, ``h``, ``dhe [NT, HV, DK, DV]``, float32.
+
+Value head ``hv`` reads query/key head ``hv // (HV // H)`` in place. Programs that share a chunk's reads (its
+row, key or value blocks) are neighbours in the grid's first axis, so the second read comes from L2.
+
+Dots (:func:`mm`): operands in ``DOT`` (``"bf16"`` for bfloat16 inputs, else ``"fp32"`` at ``PREC``:
+``"tf32x3"`` on GPUs, three tensor-core passes), float32 accumulation; gate factors, cumulative gates and states
+stay float32. Products whose results must keep float32 accuracy (the final state, the initial state's and the
+gates' gradients are compared at float32 tolerance for bfloat16 inputs too) split their float32 operand in a
+bfloat16 high part and the bfloat16 rest (``SA``/``SB``: one more product each, two for two split operands):
+the state passes (``k exp(b_L - b)`` times ``v``; ``q exp(b)`` times ``do``) and ``dq``/``dk`` (which ``dg``
+is made of); ``A``, ``o``, ``dA`` and ``dv`` take one product. In the interpreter (``EMU``), whose dots of
+16-bit operands are wrong, bfloat16 operands are float32 holding the rounded values. Dot results are never
+transposed (``tl.trans`` of a dot accumulator is miscompiled by Triton 3.6 on Hopper): transposed operands are
+loaded transposed from memory.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from ejkernel_triton import launch as _launch  # noqa: F401  (the interpreter switch, before any @triton.jit)
+
+# ------------------------------------------------------------------------------------------------
+# Helpers.
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT: tl.constexpr):
+    """``(sequence, first row (int64), valid rows)`` of chunk ``i_t``; a chunk past its sequence has no rows."""
+    i_n = tl.load(ChunkSeq + i_t)
+    bos = tl.load(Cu + i_n) + (i_t - tl.load(ChunkOff + i_n)) * BT
+    n_rows = tl.minimum(tl.maximum(tl.load(Cu + i_n + 1) - bos, 0), BT)
+    return i_n, bos.to(tl.int64), n_rows
+
+
+@triton.jit
+def tile(X, rows, cols, mask, i_head, NH: tl.constexpr, D: tl.constexpr):
+    """``X[rows, i_head, cols]`` of a ``[R, NH, D]`` array as float32, masked elements 0. ``rows``/``cols``
+    broadcast: ``rows[:, None], cols[None, :]`` for a tile, ``rows[None, :], cols[:, None]`` for its transpose."""
+    return tl.load(X + (rows * NH + i_head) * D + cols, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def raw(X, rows, cols, mask, i_head, NH: tl.constexpr, D: tl.constexpr, EMU: tl.constexpr):
+    """Like :func:`tile` in the array's own dtype (a dot operand as it is): float32 holding its values when
+    ``EMU``."""
+    x = tl.load(X + (rows * NH + i_head) * D + cols, mask=mask, other=0.0)
+    if EMU:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def rnd(x, DOT: tl.constexpr, EMU: tl.constexpr):
+    """``x`` rounded to the dots' operand dtype ``DOT`` (``"bf16"``, ``"fp16"``; ``"fp32"``: unchanged); when
+    ``EMU`` (the interpreter, whose dots of 16-bit operands are wrong) float32 holding the rounded values."""
+    if DOT == "bf16":
+        y = x.to(tl.bfloat16)
+    elif DOT == "fp16":
+        y = x.to(tl.float16)
+    else:
+        y = x.to(tl.float32)
+    if EMU:
+        y = y.to(tl.float32)
+    return y
+
+
+@triton.jit
+def mm(a, b, acc, SA: tl.constexpr, SB: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr, PREC: tl.constexpr):
+    """``acc + a @ b`` (float32 accumulation) with operands rounded to ``DOT``. A float32 operand flagged ``SA``
+    (``SB``) is split in a rounded high part and the rounded rest, one more product each: about float32 accuracy
+    when the other operand is exact in ``DOT`` (an input tile). ``DOT == "fp32"``: one product at ``PREC``."""
+    a_hi = rnd(a, DOT, EMU)
+    b_hi = rnd(b, DOT, EMU)
+    acc = tl.dot(a_hi, b_hi, acc, input_precision=PREC)
+    if DOT != "fp32":
+        if SA:
+            acc = tl.dot(rnd(a - a_hi.to(tl.float32), DOT, EMU), b_hi, acc, input_precision=PREC)
+        if SB:
+            acc = tl.dot(a_hi, rnd(b - b_hi.to(tl.float32), DOT, EMU), acc, input_precision=PREC)
+    return acc
+
+
+@triton.jit
+def gate(G, rows, cols, mask, i_hv, HV: tl.constexpr, GK: tl.constexpr):
+    """Like :func:`tile` for the gates ``[R, HV, GK]``; a per-head gate (``GK == 1``) broadcast over ``cols``."""
+    if GK == 1:
+        b_g = tile(G, rows, cols * 0, mask, i_hv, HV, 1)
+    else:
+        b_g = tile(G, rows, cols, mask, i_hv, HV, GK)
+    return b_g
+
+
+@triton.jit
+def state_at(X, i_s, i_hv, o_k, o_v, m_k, m_v, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
+    """Tile ``[len(o_k), len(o_v)]`` of state ``i_s`` of a ``[*, HV, DK, DV]`` float32 array (pass ``o_k[None, :]``
+    and ``o_v[:, None]`` for the transposed tile); masked elements 0."""
+    base = (i_s.to(tl.int64) * HV + i_hv) * (DK * DV)
+    return tl.load(X + base + o_k * DV + o_v, mask=m_k & m_v, other=0.0)
+
+
+# ------------------------------------------------------------------------------------------------
+# Forward.
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def chunk_gate_cumsum(
+    G,
+    Cu,
+    ChunkSeq,
+    ChunkOff,
+    GC,
+    HV: tl.constexpr,
+    GK: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+):
+    """``GC``: the cumulative sum of the gates from each chunk's start (float32). Grid ``(NT, HV, cdiv(GK, BK))``."""
+    i_t, i_hv, i_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    o_t = tl.arange(0, BT)
+    rows = bos + o_t
+    o_k = i_k * BK + tl.arange(0, BK)
+    mask = (o_t < n_rows)[:, None] & (o_k < GK)[None, :]
+    b_g = tile(G, rows[:, None], o_k[None, :], mask, i_hv, HV, GK)  # [BT, BK]
+    b_g = tl.cumsum(b_g, axis=0)
+    tl.store(GC + (rows[:, None] * HV + i_hv) * GK + o_k[None, :], b_g, mask=mask)
+
+
+@triton.jit
+def chunk_state_fwd(
+    K_,
+    V_,
+    GC,
+    H0,
+    Cu,
+    ChunkOff,
+    Hs,
+    HT,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    GK: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """The state at each chunk's start (``Hs``) and after the last (``HT``), one ``[BK, BV]`` tile per program, in
+    registers across the chunks. Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
+    NK: tl.constexpr = (DK + BK - 1) // BK
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the tiles of one sequence and head side by side
+    i_n = i_p // (NK * NV)
+    i_k = (i_p // NV) % NK
+    i_v = i_p % NV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(Cu + i_n).to(tl.int64)
+    eos = tl.load(Cu + i_n + 1).to(tl.int64)
+    c0 = tl.load(ChunkOff + i_n)
+    n_chunks = tl.load(ChunkOff + i_n + 1) - c0
+
+    o_t = tl.arange(0, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < DK
+    m_v = o_v < DV
+    m_h = m_k[:, None] & m_v[None, :]
+    p_off = o_k[:, None] * DV + o_v[None, :]
+
+    b_h = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_H0:
+        b_h += state_at(H0, i_n, i_hv, o_k[:, None], o_v[None, :], m_k[:, None], m_v[None, :], HV, DK, DV)
+    for i_c in range(n_chunks):
+        i_t = c0 + i_c
+        tl.store(Hs + (i_t.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_h, mask=m_h)
+        start = bos + i_c * BT
+        n_rows = tl.minimum(eos - start, BT)
+        rows = start + o_t
+        m_t = o_t < n_rows
+        m_kt = m_k[:, None] & m_t[None, :]
+        b_kT = tile(K_, rows[None, :], o_k[:, None], m_kt, i_h, H, DK)  # [BK, BT]
+        b_gT = gate(GC, rows[None, :], o_k[:, None], m_kt, i_hv, HV, GK)  # [BK, BT]
+        b_gl = gate(GC, start + n_rows - 1, o_k, m_k, i_hv, HV, GK)  # [BK], the chunk's total decay
+        b_v = raw(V_, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_hv, HV, DV, EMU)  # [BT, BV]
+        b_h = b_h * tl.exp(b_gl)[:, None]
+        b_h = mm(b_kT * tl.exp(b_gl[:, None] - b_gT), b_v, b_h, 1, 0, DOT, EMU, PREC)
+    tl.store(HT + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_h, mask=m_h)
+
+
+@triton.jit
+def chunk_intra_attn(
+    Q,
+    K_,
+    GC,
+    Cu,
+    ChunkSeq,
+    ChunkOff,
+    scale,
+    A,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    GK: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    BKD: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """Rows ``[i BC, (i + 1) BC)`` of the chunk's scores ``A`` (scale included, zeros above the diagonal). Grid
+    ``(NT * (BT // BC), HV)``."""
+    NC: tl.constexpr = BT // BC
+    i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the row blocks of one chunk side by side (shared reads)
+    i_t = i_p // NC
+    i_i = i_p % NC
+    i_h = i_hv // (HV // H)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    o_c = tl.arange(0, BC)
+    o_i = i_i * BC + o_c
+    m_i = o_i < n_rows
+    rows_i = bos + o_i
+    o_t = tl.arange(0, BT)
+    rows = bos + o_t
+    m_l = (o_t < i_i * BC) & (o_t < n_rows)  # the columns left of the block
+    # Left of the block, one product: exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j) around the block's first row
+    # r (the last valid row when the whole block is padding), both exponents <= 0.
+    r_ref = tl.minimum(i_i * BC, tl.maximum(n_rows - 1, 0))
+
+    b_a = tl.zeros([BC, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        m_ik = m_i[:, None] & m_k[None, :]
+        m_kl = m_k[:, None] & m_l[None, :]
+        b_r = gate(GC, bos + r_ref, o_k, m_k & (o_k * 0 < n_rows), i_hv, HV, GK)  # [BK]
+        b_q = tile(Q, rows_i[:, None], o_k[None, :], m_ik, i_h, H, DK)  # [BC, BK]
+        b_gq = gate(GC, rows_i[:, None], o_k[None, :], m_ik, i_hv, HV, GK)
+        b_qg = b_q * tl.exp(tl.where(m_i[:, None], b_gq - b_r[None, :], 0.0))
+        b_kT = tile(K_, rows[None, :], o_k[:, None], m_kl, i_h, H, DK)  # [BK, BT]
+        b_gkT = gate(GC, rows[None, :], o_k[:, None], m_kl, i_hv, HV, GK)
+        b_kg = b_kT * tl.exp(tl.where(m_kl, b_r[:, None] - b_gkT, 0.0))
+        b_a = mm(b_qg, b_kg, b_a, 0, 0, DOT, EMU, PREC)
+    p_a = A + ((i_t.to(tl.int64) * HV + i_hv) * BT + o_i[:, None]) * BT
+    m_o = (o_t < i_i * BC) | (o_t >= i_i * BC + BC)  # every column but the diagonal block's (zeros right of it)
+    tl.store(p_a + o_t[None, :], b_a * scale, mask=m_o[None, :])
+
+    # The diagonal block, element by element: exp of (b_i - b_j) masked to j <= i first.
+    m_d = (o_i[:, None] >= o_i[None, :]) & m_i[:, None]  # [BC, BC]
+    b_d = tl.zeros([BC, BC], dtype=tl.float32)
+    for i_k in range(tl.cdiv(DK, BKD)):
+        o_k = i_k * BKD + tl.arange(0, BKD)
+        m_ik = m_i[:, None] & (o_k < DK)[None, :]
+        b_q = tile(Q, rows_i[:, None], o_k[None, :], m_ik, i_h, H, DK)  # [BC, BKD]
+        b_k = tile(K_, rows_i[:, None], o_k[None, :], m_ik, i_h, H, DK)
+        b_g = gate(GC, rows_i[:, None], o_k[None, :], m_ik, i_hv, HV, GK)
+        b_e = tl.exp(tl.where(m_d[:, :, None], b_g[:, None, :] - b_g[None, :, :], float("-inf")))  # [i, j, c]
+        b_d += tl.sum(b_q[:, None, :] * b_k[None, :, :] * b_e, axis=2)
+    tl.store(p_a + o_i[None, :], b_d * scale)
+
+
+@triton.jit
+def chunk_output(
+    Q,
+    V_,
+    GC,
+    Hs,
+    A,
+    Cu,
+    ChunkSeq,
+    ChunkOff,
+    scale,
+    O,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    GK: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """``o = scale (q * exp(b)) @ h + A @ v`` for one chunk and value block. Grid ``(NT * cdiv(DV, BV), HV)``."""
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the value blocks of one chunk side by side (shared reads)
+    i_t = i_p // NV
+    i_v = i_p % NV
+    i_h = i_hv // (HV // H)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < n_rows
+    rows = bos + o_t
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+
+    b_o = tl.zeros([BT, BV], dtype=tl.float32)
+    for i_k in range(tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_q = tile(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)  # [BT, BK]
+        b_g = gate(GC, rows[:, None], o_k[None, :], m_tk, i_hv, HV, GK)
+        b_h = state_at(Hs, i_t, i_hv, o_k[:, None], o_v[None, :], m_k[:, None], m_v[None, :], HV, DK, DV)
+        b_o = mm(b_q * tl.exp(b_g), b_h, b_o, 0, 0, DOT, EMU, PREC)
+    b_a = tl.load(A + ((i_t.to(tl.int64) * HV + i_hv) * BT + o_t[:, None]) * BT + o_t[None, :])  # [BT, BT]
+    b_v = raw(V_, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_hv, HV, DV, EMU)
+    b_o = mm(b_a, b_v, b_o * scale, 0, 0, DOT, EMU, PREC)
+    p_o = O + (rows[:, None] * HV + i_hv) * DV + o_v[None, :]
+    tl.store(p_o, b_o.to(O.dtype.element_ty), mask=m_t[:, None] & m_v[None, :])
+
+
+# ------------------------------------------------------------------------------------------------
+# Backward.
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def chunk_state_bwd(
+    Q,
+    DO,
+    GC,
+    DHT,
+    Cu,
+    ChunkOff,
+    scale,
+    DHE,
+    DH0,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    GK: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_DHT: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """The gradient of the state, chunks in reverse: ``DHE`` at each chunk's end, ``DH0`` before the first
+    (the final state's cotangent ``DHT`` for an empty sequence). Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
+    NK: tl.constexpr = (DK + BK - 1) // BK
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the tiles of one sequence and head side by side
+    i_n = i_p // (NK * NV)
+    i_k = (i_p // NV) % NK
+    i_v = i_p % NV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(Cu + i_n).to(tl.int64)
+    eos = tl.load(Cu + i_n + 1).to(tl.int64)
+    c0 = tl.load(ChunkOff + i_n)
+    n_chunks = tl.load(ChunkOff + i_n + 1) - c0
+
+    o_t = tl.arange(0, BT)
+    o_k = i_k * BK + tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < DK
+    m_v = o_v < DV
+    m_h = m_k[:, None] & m_v[None, :]
+    p_off = o_k[:, None] * DV + o_v[None, :]
+
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        b_dh += state_at(DHT, i_n, i_hv, o_k[:, None], o_v[None, :], m_k[:, None], m_v[None, :], HV, DK, DV)
+    for i_r in range(n_chunks):
+        i_c = n_chunks - 1 - i_r
+        i_t = c0 + i_c
+        tl.store(DHE + (i_t.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_dh, mask=m_h)
+        start = bos + i_c * BT
+        n_rows = tl.minimum(eos - start, BT)
+        rows = start + o_t
+        m_t = o_t < n_rows
+        m_kt = m_k[:, None] & m_t[None, :]
+        b_qT = tile(Q, rows[None, :], o_k[:, None], m_kt, i_h, H, DK)  # [BK, BT]
+        b_gT = gate(GC, rows[None, :], o_k[:, None], m_kt, i_hv, HV, GK)
+        b_gl = gate(GC, start + n_rows - 1, o_k, m_k, i_hv, HV, GK)  # [BK]
+        b_do = raw(DO, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_hv, HV, DV, EMU)  # [BT, BV]
+        b_dh = b_dh * tl.exp(b_gl)[:, None]
+        b_dh = mm(b_qT * (tl.exp(b_gT) * scale), b_do, b_dh, 1, 0, DOT, EMU, PREC)
+    tl.store(DH0 + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_dh, mask=m_h)
+
+
+@triton.jit
+def chunk_attn_grad(
+    DO,
+    V_,
+    Cu,
+    ChunkSeq,
+    ChunkOff,
+    scale,
+    DA,
+    HV: tl.constexpr,
+    DV: tl.constexpr,
+    BT: tl.constexpr,
+    BV: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """``dA = scale do @ v^T`` on and below the diagonal (zeros elsewhere). Grid ``(NT, HV)``."""
+    i_t, i_hv = tl.program_id(0), tl.program_id(1)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < n_rows
+    rows = bos + o_t
+    b_da = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        b_do = raw(DO, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_hv, HV, DV, EMU)  # [BT, BV]
+        b_vT = raw(V_, rows[None, :], o_v[:, None], m_v[:, None] & m_t[None, :], i_hv, HV, DV, EMU)  # [BV, BT]
+        b_da = mm(b_do, b_vT, b_da, 0, 0, DOT, EMU, PREC)
+    m_a = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
+    p_da = DA + ((i_t.to(tl.int64) * HV + i_hv) * BT + o_t[:, None]) * BT + o_t[None, :]
+    tl.store(p_da, tl.where(m_a, b_da * scale, 0.0))
+
+
+@triton.jit
+def chunk_dv(
+    K_,
+    GC,
+    DO,
+    A,
+    DHE,
+    Cu,
+    ChunkSeq,
+    ChunkOff,
+    DV_,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    GK: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """``dv = A^T @ do + (k * exp(b_L - b)) @ dhe`` (``dv``'s dtype). Grid ``(NT * cdiv(DV, BV), HV)``."""
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the value blocks of one chunk side by side (shared reads)
+    i_t = i_p // NV
+    i_v = i_p % NV
+    i_h = i_hv // (HV // H)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < n_rows
+    rows = bos + o_t
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_v = o_v < DV
+    m_tv = m_t[:, None] & m_v[None, :]
+
+    b_aT = tl.load(A + ((i_t.to(tl.int64) * HV + i_hv) * BT + o_t[None, :]) * BT + o_t[:, None])  # [j, i] = A[i, j]
+    b_do = raw(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)  # [BT, BV]
+    b_dv = mm(b_aT, b_do, tl.zeros([BT, BV], dtype=tl.float32), 0, 0, DOT, EMU, PREC)
+    for i_k in range(tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_k = tile(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)  # [BT, BK]
+        b_g = gate(GC, rows[:, None], o_k[None, :], m_tk, i_hv, HV, GK)
+        b_gl = gate(GC, bos + n_rows - 1, o_k, m_k & (o_k * 0 < n_rows), i_hv, HV, GK)  # [BK]
+        b_dhe = state_at(DHE, i_t, i_hv, o_k[:, None], o_v[None, :], m_k[:, None], m_v[None, :], HV, DK, DV)
+        b_dv = mm(b_k * tl.exp(b_gl[None, :] - b_g), b_dhe, b_dv, 0, 0, DOT, EMU, PREC)
+    tl.store(DV_ + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dv.to(DV_.dtype.element_ty), mask=m_tv)
+
+
+@triton.jit
+def chunk_dqk_intra(
+    Q,
+    K_,
+    GC,
+    DA,
+    Cu,
+    ChunkSeq,
+    ChunkOff,
+    DQ,
+    DK_,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    GK: tl.constexpr,
+    BT: tl.constexpr,
+    BC: tl.constexpr,
+    BK: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """The intra-chunk shares of ``dq`` and ``dk`` (float32, per value head) for rows ``[x BC, (x + 1) BC)`` and
+    one key block, without the pairs ``i == j`` (:func:`chunk_dqk_inter` adds them): ``dq_i = sum_{j < i} dA_ij k_j
+    exp(b_i - b_j)``, ``dk_j = sum_{i > j} dA_ij q_i exp(b_i - b_j)``. Grid ``(NT * (BT // BC) * cdiv(DK, BK), HV)``."""
+    NK: tl.constexpr = (DK + BK - 1) // BK
+    NX: tl.constexpr = (BT // BC) * NK
+    i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the blocks of one chunk side by side (shared reads)
+    i_t = i_p // NX
+    i_x = (i_p % NX) // NK
+    i_k = i_p % NK
+    i_h = i_hv // (HV // H)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    o_c = tl.arange(0, BC)
+    o_x = i_x * BC + o_c
+    m_x = o_x < n_rows
+    rows_x = bos + o_x
+    o_t = tl.arange(0, BT)
+    rows = bos + o_t
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < DK
+    m_xk = m_x[:, None] & m_k[None, :]
+    p_da = DA + (i_t.to(tl.int64) * HV + i_hv) * BT * BT
+    b_gx = gate(GC, rows_x[:, None], o_k[None, :], m_xk, i_hv, HV, GK)  # [BC, BK]
+
+    # dq from the columns left of the block, one product around the block's first row (as in chunk_intra_attn).
+    m_l = (o_t < i_x * BC) & (o_t < n_rows)
+    m_lk = m_l[:, None] & m_k[None, :]
+    r_q = tl.minimum(i_x * BC, tl.maximum(n_rows - 1, 0))
+    b_rq = gate(GC, bos + r_q, o_k, m_k & (o_k * 0 < n_rows), i_hv, HV, GK)  # [BK]
+    b_da = tl.load(p_da + o_x[:, None] * BT + o_t[None, :], mask=m_l[None, :], other=0.0)  # [BC, BT]
+    b_k = tile(K_, rows[:, None], o_k[None, :], m_lk, i_h, H, DK)  # [BT, BK]
+    b_g = gate(GC, rows[:, None], o_k[None, :], m_lk, i_hv, HV, GK)
+    b_kg = b_k * tl.exp(tl.where(m_lk, b_rq[None, :] - b_g, 0.0))
+    b_dq = mm(b_da, b_kg, tl.zeros([BC, BK], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
+    b_dq = b_dq * tl.exp(tl.where(m_x[:, None], b_gx - b_rq[None, :], 0.0))
+
+    # dk from the rows below the block, around the block's last row (valid whenever a row below is).
+    m_b = (o_t >= i_x * BC + BC) & (o_t < n_rows)
+    m_bk = m_b[:, None] & m_k[None, :]
+    r_k = tl.minimum(i_x * BC + BC - 1, tl.maximum(n_rows - 1, 0))
+    b_rk = gate(GC, bos + r_k, o_k, m_k & (o_k * 0 < n_rows), i_hv, HV, GK)  # [BK]
+    b_daT = tl.load(p_da + o_t[None, :] * BT + o_x[:, None], mask=m_b[None, :], other=0.0)  # [x, i] = dA[i, x]
+    b_q = tile(Q, rows[:, None], o_k[None, :], m_bk, i_h, H, DK)  # [BT, BK]
+    b_g = gate(GC, rows[:, None], o_k[None, :], m_bk, i_hv, HV, GK)
+    b_qg = b_q * tl.exp(tl.where(m_bk, b_g - b_rk[None, :], 0.0))
+    b_dk = mm(b_daT, b_qg, tl.zeros([BC, BK], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
+    b_dk = b_dk * tl.exp(tl.where(m_x[:, None], b_rk[None, :] - b_gx, 0.0))
+
+    # The diagonal block, element by element (exponent masked to j < i before exp). The pairs i == j are left to
+    # chunk_dqk_inter: their shares of q dq and k dk cancel exactly in dg, which is formed without them.
+    b_qx = tile(Q, rows_x[:, None], o_k[None, :], m_xk, i_h, H, DK)  # [BC, BK]
+    b_kx = tile(K_, rows_x[:, None], o_k[None, :], m_xk, i_h, H, DK)
+    b_dd = tl.load(p_da + o_x[:, None] * BT + o_x[None, :])  # [i, j]
+    m_d = (o_x[:, None] > o_x[None, :]) & m_x[:, None]
+    b_e = tl.exp(tl.where(m_d[:, :, None], b_gx[:, None, :] - b_gx[None, :, :], float("-inf")))  # [i, j, c]
+    b_de = b_dd[:, :, None] * b_e
+    b_dq += tl.sum(b_de * b_kx[None, :, :], axis=1)
+    b_dk += tl.sum(b_de * b_qx[:, None, :], axis=0)
+
+    p_x = (rows_x[:, None] * HV + i_hv) * DK + o_k[None, :]
+    tl.store(DQ + p_x, b_dq, mask=m_xk)
+    tl.store(DK_ + p_x, b_dk, mask=m_xk)
+
+
+@triton.jit
+def chunk_dqk_inter(
+    Q,
+    K_,
+    V_,
+    GC,
+    DO,
+    Hs,
+    DHE,
+    DQI,
+    DKI,
+    DA,
+    Cu,
+    ChunkSeq,
+    ChunkOff,
+    scale,
+    DQ,
+    DK_,
+    DG,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    GK: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """``dq = scale (do @ h^T) * exp(b) + dq_intra``, ``dk = (v @ dhe^T) * exp(b_L - b) + dk_intra`` and the
+    gates' gradient (float32, per value head; ``GK == DK``), chunk by chunk: for row ``t``
+
+        dg_t = sum_{s >= t} (q_s dq_s - k_s dk_intra_s) + sum_{s < t} k_s dk_inter_s + exp(b_L) sum_v h dhe
+
+    (the chunk's rows ``s``; ``h`` the state at its start, ``dhe`` the gradient of the state at its end). The last
+    two terms are what ``g_t`` does through the state at the chunk's end: summed forward, they are not the small
+    difference of large terms that a reverse cumulative sum of ``q dq - k dk`` over the whole sequence would take
+    with strong gates. The pairs ``i == j`` of the intra-chunk scores (not in ``dq_intra``/``dk_intra``) cancel
+    in ``dg`` exactly: they are added to ``dq`` and ``dk`` only. Grid ``(NT * cdiv(DK, BK), HV)``."""
+    NK: tl.constexpr = (DK + BK - 1) // BK
+    i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the key blocks of one chunk side by side (shared reads)
+    i_t = i_p // NK
+    i_k = i_p % NK
+    i_h = i_hv // (HV // H)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < n_rows
+    rows = bos + o_t
+    o_k = i_k * BK + tl.arange(0, BK)
+    m_k = o_k < DK
+    m_tk = m_t[:, None] & m_k[None, :]
+
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        m_tv = m_t[:, None] & m_v[None, :]
+        b_do = raw(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)  # [BT, BV]
+        b_v = raw(V_, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)
+        b_hT = state_at(Hs, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)  # [BV, BK]
+        b_dheT = state_at(DHE, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)
+        b_dq = mm(b_do, b_hT, b_dq, 0, 1, DOT, EMU, PREC)
+        b_dk = mm(b_v, b_dheT, b_dk, 0, 1, DOT, EMU, PREC)
+        b_hdh += tl.sum(b_hT * b_dheT, axis=0)
+    b_g = gate(GC, rows[:, None], o_k[None, :], m_tk, i_hv, HV, GK)  # [BT, BK]
+    b_gl = gate(GC, bos + n_rows - 1, o_k, m_k & (o_k * 0 < n_rows), i_hv, HV, GK)  # [BK]
+    p_x = (rows[:, None] * HV + i_hv) * DK + o_k[None, :]
+    b_dq = b_dq * (tl.exp(b_g) * scale) + tl.load(DQI + p_x, mask=m_tk, other=0.0)
+    b_dk = b_dk * tl.exp(b_gl[None, :] - b_g)  # the inter-chunk share
+    b_dki = tl.load(DKI + p_x, mask=m_tk, other=0.0)
+    b_q = tile(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)
+    b_k = tile(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)
+    b_u = b_q * b_dq - b_k * b_dki
+    b_w = b_k * b_dk
+    b_dg = tl.cumsum(b_u, axis=0, reverse=True) + (tl.cumsum(b_w, axis=0) - b_w)
+    b_dg += (tl.exp(b_gl) * b_hdh)[None, :]
+    tl.store(DG + p_x, b_dg, mask=m_tk)
+    b_dd = tl.load(DA + ((i_t.to(tl.int64) * HV + i_hv) * BT + o_t) * BT + o_t)[:, None]  # dA_ii, [BT, 1]
+    tl.store(DQ + p_x, (b_dq + b_dd * b_k).to(DQ.dtype.element_ty), mask=m_tk)
+    tl.store(DK_ + p_x, (b_dk + b_dki + b_dd * b_q).to(DK_.dtype.element_ty), mask=m_tk)

@@ -1,0 +1,693 @@
+"""Triton ``gla`` for training shapes: the chunked kernels of ``ejkernel_triton._chunk_kernels``, forward and backward.
+
+Tokens are cut into chunks of ``chunk_size`` (every packed sequence starts a new chunk). The forward runs four
+launches: the chunk-local cumulative gates, the state at every chunk's start (one sequential pass over the
+chunks per sequence, value head and state tile), the intra-chunk scores and the output. The backward
+(``jax.custom_vjp``, residuals: the inputs only) recomputes those and runs the reverse state-gradient pass,
+``dA``, ``dv``, the intra-chunk shares of ``dq``/``dk``, then ``dq``/``dk`` and the gates' gradient (chunk by
+chunk, from the states and their gradients: no reverse cumulative sum over the sequence). Its memory: the per-chunk
+states and their gradients, ``2 (T / C) * HV * K * V`` float32 per batch row, and ``O(T (K + V + C))``.
+
+Packed sequences (``cu_seqlens``): the chunk table (which sequence, which rows) is computed from ``cu_seqlens`` by
+a few XLA ops on the device (:func:`_chunk_table`), so the call works under ``jit``; the kernels read it. Grouped
+value heads read their query/key head in the kernels; ``dq``/``dk`` are summed over each group afterwards.
+
+Dots: bfloat16 inputs' take bfloat16 operands (the gate factors applied in float32 first) with float32
+accumulation; those that the final state, the initial state's and the gates' gradients are made of split their
+float32 operand in two bfloat16 parts, so these reach float32 accuracy for bfloat16 inputs too (the conformance
+suite compares them at float32 tolerance). float32 and float16 inputs' dots take float32 operands at three tf32
+passes (float16 operands made of states or gradients could overflow). Gate cumulative sums and states are
+float32 throughout. Launch parameters: :class:`ChunkFwdParams` and
+:class:`ChunkBwdParams` (None fields: :func:`heuristic_cfg`'s). Declined (``supports``): head dims above 256,
+dtypes other than float32, bfloat16 and float16.
+
+Importing this module does not import Triton.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+from collections.abc import Mapping
+from typing import Any, ClassVar, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ejkernel.device import cdiv, fold_vmap, next_power_of_2
+from ejkernel.kernels.params import MappedParams, check_positive, coerce
+
+from ejkernel_triton._decode import interpreting
+
+__all__ = ["ChunkBwdParams", "ChunkFwdParams", "Plan", "candidate_cfgs", "gla", "heuristic_cfg", "supports"]
+
+OP = "gla"
+_MAX_HEAD_DIM = 256
+_DTYPES = ("float32", "bfloat16", "float16")
+_CHUNK_SIZES = (16, 32, 64)
+_SUB_BLOCK = 16  # rows of the intra-chunk sub-blocks (tl.dot's smallest tile)
+_DEFAULT_CHUNK = 64
+_DEFAULT_BLOCK = 64  # key/value channels per program (head dims above it are tiled)
+_DIAG_BLOCK_K = 16  # key channels of one [16, 16, 16] element-wise diagonal sub-block on a GPU
+
+
+# ------------------------------------------------------------------------------------------------
+# Launch parameters and plans.
+# ------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChunkParams(MappedParams):
+    GENERIC: ClassVar[dict[str, str]] = {
+        "q_blocksize": "chunk_size",
+        "num_warps": "num_warps",
+        "num_stages": "num_stages",
+    }
+    chunk_size: int | None = None
+    block_k: int | None = None
+    block_v: int | None = None
+    num_warps: int | None = None
+    num_stages: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_positive(self, "chunk_size", power_of_two=True, within=(16, 64))
+        check_positive(self, "block_k", power_of_two=True, within=(16, _MAX_HEAD_DIM))
+        check_positive(self, "block_v", power_of_two=True, within=(16, _MAX_HEAD_DIM))
+        check_positive(self, "num_warps", power_of_two=True, within=(1, 16))
+        check_positive(self, "num_stages", within=(1, 8))
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkFwdParams(_ChunkParams):
+    """Launch parameters of the chunked Triton ``gla`` forward.
+
+    ``chunk_size``: tokens per chunk, 16, 32 or 64; ``block_k``/``block_v``: key/value channels per program (state
+    tiles ``[block_k, block_v]``), powers of two from 16 to 256, used up to the head dims rounded up to powers of
+    two; ``num_warps`` (a power of two up to 16), ``num_stages`` (1 to 8). None: the heuristic's. Generic
+    ``q_blocksize``/``num_warps``/``num_stages`` map to ``chunk_size``/``num_warps``/``num_stages``.
+
+    >>> ChunkFwdParams(chunk_size=48)
+    Traceback (most recent call last):
+    ValueError: ChunkFwdParams.chunk_size must be a power of two from 16 to 64 or None, got 48
+    """
+
+
+@dataclasses.dataclass(frozen=True)
+class ChunkBwdParams(_ChunkParams):
+    """Launch parameters of the chunked Triton ``gla`` backward (it recomputes the forward's chunk states with its
+    own ``chunk_size``); the fields are :class:`ChunkFwdParams`'."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """One pass's launch: chunk length, state tile, diagonal sub-blocks' key channels, warps, stages."""
+
+    chunk: int
+    block_k: int
+    block_v: int
+    block_kd: int
+    num_warps: int
+    num_stages: int
+
+
+class Dims(NamedTuple):
+    dk: int
+    dv: int
+
+
+def _pow2(n: int) -> int:
+    return max(16, next_power_of_2(n))
+
+
+def _arguments(invocation: Any) -> Mapping[str, Any]:
+    args = getattr(invocation, "arguments", invocation)
+    if not isinstance(args, Mapping):
+        raise TypeError(f"expected an invocation with an .arguments mapping, got {type(invocation).__name__}")
+    return args
+
+
+def _dims_of(invocation: Any) -> Dims:
+    args = _arguments(invocation)
+    return Dims(int(args["q"].shape[-1]), int(args["v"].shape[-1]))
+
+
+def default_plan(d: Dims, stage: str = "fwd") -> Plan:
+    """The heuristic: chunks of 64, state tiles of up to 64 x 64 channels (64 x 32 for the backward), 8 warps,
+    2 stages: on sm_90 no kernel of either pass spills registers at K = V = 128, for bfloat16 or float32 inputs
+    (``chunk_dqk_inter``, whose operands are split, takes the most: about 255 registers a thread). The diagonal
+    sub-blocks are element-wise ``[16, 16, 16]`` on a GPU; in Triton's interpreter they take the whole key tile
+    (fewer, larger steps run faster there)."""
+    bk = min(_DEFAULT_BLOCK, _pow2(d.dk))
+    bv = min(_DEFAULT_BLOCK if stage == "fwd" else _DEFAULT_BLOCK // 2, _pow2(d.dv))
+    return Plan(_DEFAULT_CHUNK, bk, bv, bk if interpreting() else _DIAG_BLOCK_K, 8, 2)
+
+
+def make_plan(d: Dims, p: _ChunkParams, stage: str = "fwd") -> Plan:
+    """The plan of a pass: ``p``'s fields, the others the heuristic's (tiles used up to the padded head dims)."""
+    base = default_plan(d, stage)
+    bk = min(p.block_k or base.block_k, _pow2(d.dk))
+    return Plan(
+        chunk=p.chunk_size or base.chunk,
+        block_k=bk,
+        block_v=min(p.block_v or base.block_v, _pow2(d.dv)),
+        block_kd=bk if interpreting() else base.block_kd,
+        num_warps=p.num_warps or base.num_warps,
+        num_stages=p.num_stages or base.num_stages,
+    )
+
+
+def _params(cls: type[_ChunkParams], plan: Plan) -> Any:
+    return cls(
+        chunk_size=plan.chunk,
+        block_k=plan.block_k,
+        block_v=plan.block_v,
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
+    )
+
+
+def _candidate_plans(d: Dims, stage: str = "fwd") -> list[Plan]:
+    """The heuristic's plan first; in Triton's interpreter one other (chunks of 16: one sub-block per chunk), on a
+    GPU chunks of 64 and 32 with value tiles of 32 and 64 channels and 8 or 4 warps (8 plans at K = V = 128)."""
+    base = default_plan(d, stage)
+    if interpreting():
+        return [base, dataclasses.replace(base, chunk=16)]
+    out = [base]
+    for chunk in (64, 32):
+        for bv in (32, 64):
+            for warps in (8, 4):
+                plan = dataclasses.replace(base, chunk=chunk, block_v=min(bv, _pow2(d.dv)), num_warps=warps)
+                if plan not in out:
+                    out.append(plan)
+    return out
+
+
+def heuristic_cfg(inv: Any, stage: str = "fwd") -> ChunkFwdParams | ChunkBwdParams:
+    cls = ChunkFwdParams if stage == "fwd" else ChunkBwdParams
+    return _params(cls, default_plan(_dims_of(inv), stage))
+
+
+def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[ChunkBwdParams]:
+    cls = ChunkFwdParams if stage == "fwd" else ChunkBwdParams
+    return [_params(cls, p) for p in _candidate_plans(_dims_of(inv), stage)]
+
+
+def supports(inv: Any) -> str | None:
+    """None when the chunked kernels serve the call, else why not: dtypes other than float32, bfloat16 and float16,
+    or head dims above 256. Any length is served (a decode step is one partly filled chunk)."""
+    args = _arguments(inv)
+    for name in ("q", "g", "initial_state"):
+        x = args.get(name)
+        if x is not None and np.dtype(x.dtype).name not in _DTYPES:
+            return f"ejkernel-triton {OP} (chunked): {name} dtype {np.dtype(x.dtype).name} is not supported ({', '.join(_DTYPES)})"
+    dk, dv = int(args["q"].shape[-1]), int(args["v"].shape[-1])
+    if not (1 <= dk <= _MAX_HEAD_DIM and 1 <= dv <= _MAX_HEAD_DIM):
+        return f"ejkernel-triton {OP} (chunked): head dims from 1 to {_MAX_HEAD_DIM} are supported, got K={dk}, V={dv}"
+    if importlib.util.find_spec("triton") is None:  # find, don't import: see ejkernel_triton.launch
+        return f"ejkernel-triton {OP} (chunked): triton is not installed"
+    return None
+
+
+# ------------------------------------------------------------------------------------------------
+# The chunk table and the launches.
+# ------------------------------------------------------------------------------------------------
+
+
+class _Table(NamedTuple):
+    """Where every chunk is: ``cu [N + 1]`` rows of the sequences, ``off [N + 1]`` their chunks, ``seq [NT]`` the
+    sequence of each chunk (int32; ``NT`` a static bound, chunks past ``off[N]`` are empty)."""
+
+    cu: jax.Array
+    off: jax.Array
+    seq: jax.Array
+    n: int
+    nt: int
+
+
+def _chunk_table(b: int, t: int, chunk: int, cu_seqlens: jax.Array | None) -> _Table:
+    """The chunk table of ``b`` rows of ``t`` tokens, or of the sequences packed by ``cu_seqlens`` (``b == 1``)."""
+    if cu_seqlens is None:
+        per = cdiv(t, chunk)
+        rows = np.arange(b + 1, dtype=np.int32)
+        seqs = np.arange(b * per, dtype=np.int32) // per
+        return _Table(jnp.asarray(rows * t), jnp.asarray(rows * per), jnp.asarray(seqs), b, b * per)
+    n = int(cu_seqlens.shape[0]) - 1
+    # Under jit unchecked: clamped into [0, T] and made non-decreasing, so no kernel reads outside the call and
+    # the chunks fit the static bound NT = cdiv(T, C) + N.
+    cu = jax.lax.cummax(jnp.clip(cu_seqlens.astype(jnp.int32), 0, t))
+    chunks = cdiv(cu[1:] - cu[:-1], chunk)
+    off = jnp.concatenate([jnp.zeros((1,), jnp.int32), jnp.cumsum(chunks).astype(jnp.int32)])
+    nt = cdiv(t, chunk) + n
+    seq = jnp.searchsorted(off[1:], jnp.arange(nt, dtype=jnp.int32), side="right").astype(jnp.int32)
+    return _Table(cu, off, jnp.minimum(seq, n - 1), n, nt)
+
+
+@dataclasses.dataclass(frozen=True)
+class Static:
+    """Everything static about one call: the custom_vjp's non-differentiable argument."""
+
+    fwd: Plan
+    bwd: Plan
+    scale: float
+    output_final_state: bool
+
+
+# Operands of the dots per input dtype: bfloat16 inputs' dots take bfloat16 operands; float16 ones float32 operands
+# like float32 inputs' (a float16 operand made of a state or of gradients overflows past 65504).
+_DOT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp32"}
+
+
+def _dots(dtype: Any) -> dict[str, Any]:
+    """The dots' constexprs for inputs of ``dtype``: operands in ``_DOT[dtype]``; float32 ones at three tf32 passes
+    on a GPU (bfloat16 ones: Triton's default precision, which only float32 operands read); ``"ieee"`` in the
+    interpreter, which also emulates bfloat16 operands by rounded float32 ones."""
+    dot = _DOT[np.dtype(dtype).name]
+    if interpreting():
+        return {"PREC": "ieee", "DOT": dot, "EMU": dot != "fp32"}
+    return {"PREC": "tf32x3" if dot == "fp32" else "tf32", "DOT": dot, "EMU": False}
+
+
+_DUMMY_F32 = np.zeros((1,), np.float32)
+
+
+def _states(plan: Plan, tab: _Table, k: jax.Array, v: jax.Array, gc: jax.Array, h0: jax.Array | None) -> Any:
+    """``(h [NT, HV, K, V], final state [N, HV, K, V])``, float32."""
+    from ejkernel_triton import _chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    _, h, dk = k.shape
+    hv, dv = v.shape[1], v.shape[2]
+    return launch.launch(
+        kern.chunk_state_fwd,
+        k,
+        v,
+        gc,
+        jnp.asarray(_DUMMY_F32) if h0 is None else h0,
+        tab.cu,
+        tab.off,
+        out_shape=(
+            jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), jnp.float32),
+            jax.ShapeDtypeStruct((tab.n, hv, dk, dv), jnp.float32),
+        ),
+        grid=(tab.n * cdiv(dk, plan.block_k) * cdiv(dv, plan.block_v), hv),
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
+        name="ejkernel_gla_chunk_state_fwd",
+        H=h,
+        HV=hv,
+        DK=dk,
+        DV=dv,
+        GK=dk,
+        BT=plan.chunk,
+        BK=plan.block_k,
+        BV=plan.block_v,
+        HAS_H0=h0 is not None,
+        **_dots(k.dtype),
+    )
+
+
+def _prologue(
+    s: Static, plan: Plan, tab: _Table, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, h0: jax.Array | None
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """What the forward and the backward both need: the cumulative gates, the chunk states, the final state and the
+    intra-chunk scores ``A [NT, HV, C, C]``."""
+    from ejkernel_triton import _chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    _, h, dk = q.shape
+    hv = v.shape[1]
+    (gc,) = launch.launch(
+        kern.chunk_gate_cumsum,
+        g,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        out_shape=(jax.ShapeDtypeStruct(g.shape, jnp.float32),),
+        grid=(tab.nt, hv, cdiv(dk, plan.block_k)),
+        num_warps=plan.num_warps,
+        num_stages=1,
+        name="ejkernel_gla_chunk_gate_cumsum",
+        HV=hv,
+        GK=dk,
+        BT=plan.chunk,
+        BK=plan.block_k,
+    )
+    hs, ht = _states(plan, tab, k, v, gc, h0)
+    (a,) = launch.launch(
+        kern.chunk_intra_attn,
+        q,
+        k,
+        gc,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        float(s.scale),
+        out_shape=(jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), jnp.float32),),
+        grid=(tab.nt * (plan.chunk // _SUB_BLOCK), hv),
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
+        name="ejkernel_gla_chunk_intra_attn",
+        H=h,
+        HV=hv,
+        DK=dk,
+        GK=dk,
+        BT=plan.chunk,
+        BC=_SUB_BLOCK,
+        BK=plan.block_k,
+        BKD=plan.block_kd,
+        **_dots(q.dtype),
+    )
+    return gc, hs, ht, a
+
+
+def _rows(x: jax.Array) -> jax.Array:
+    """``[B, T, heads, D]`` as ``[B T, heads, D]`` (the kernels' rows of tokens)."""
+    return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
+
+
+def _forward_rows(
+    s: Static, tab: _Table, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, h0: jax.Array | None
+) -> tuple[jax.Array, jax.Array]:
+    """``(o [R, HV, V], final state)`` of token rows laid out by ``tab``."""
+    from ejkernel_triton import _chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    plan = s.fwd
+    _, h, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    gc, hs, ht, a = _prologue(s, plan, tab, q, k, v, g, h0)
+    (o,) = launch.launch(
+        kern.chunk_output,
+        q,
+        v,
+        gc,
+        hs,
+        a,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        float(s.scale),
+        out_shape=(jax.ShapeDtypeStruct(v.shape, q.dtype),),
+        grid=(tab.nt * cdiv(dv, plan.block_v), hv),
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
+        zeroed_outputs=(0,),  # tokens outside every sequence give zeros
+        name="ejkernel_gla_chunk_output",
+        H=h,
+        HV=hv,
+        DK=dk,
+        DV=dv,
+        GK=dk,
+        BT=plan.chunk,
+        BK=plan.block_k,
+        BV=plan.block_v,
+        **_dots(q.dtype),
+    )
+    return o, ht
+
+
+def _backward_rows(
+    s: Static,
+    tab: _Table,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    h0: jax.Array | None,
+    do: jax.Array,
+    dht: jax.Array | None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``(dq, dk [R, HV, K] per value head (float32 when grouped, else q's dtype), dv [R, HV, V], dg [R, HV, K] float32,
+    dh0 [N, HV, K, V])``."""
+    from ejkernel_triton import _chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    plan = s.bwd
+    _, h, dk = q.shape
+    r, hv, dv = v.shape
+    gc, hs, _, a = _prologue(s, plan, tab, q, k, v, g, h0)
+    common: dict[str, Any] = {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
+    sizes: dict[str, Any] = {"HV": hv, "BT": plan.chunk, **_dots(q.dtype)}
+    f32 = jnp.float32
+    dhe, dh0 = launch.launch(
+        kern.chunk_state_bwd,
+        q,
+        do,
+        gc,
+        jnp.asarray(_DUMMY_F32) if dht is None else dht,
+        tab.cu,
+        tab.off,
+        float(s.scale),
+        out_shape=(
+            jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), f32),
+            jax.ShapeDtypeStruct((tab.n, hv, dk, dv), f32),
+        ),
+        grid=(tab.n * cdiv(dk, plan.block_k) * cdiv(dv, plan.block_v), hv),
+        name="ejkernel_gla_chunk_state_bwd",
+        H=h,
+        DK=dk,
+        DV=dv,
+        GK=dk,
+        BK=plan.block_k,
+        BV=plan.block_v,
+        HAS_DHT=dht is not None,
+        **sizes,
+        **common,
+    )
+    (da,) = launch.launch(
+        kern.chunk_attn_grad,
+        do,
+        v,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        float(s.scale),
+        out_shape=(jax.ShapeDtypeStruct(a.shape, f32),),
+        grid=(tab.nt, hv),
+        name="ejkernel_gla_chunk_attn_grad",
+        DV=dv,
+        BV=plan.block_v,
+        **sizes,
+        **common,
+    )
+    (dv_,) = launch.launch(
+        kern.chunk_dv,
+        k,
+        gc,
+        do,
+        a,
+        dhe,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype),),
+        grid=(tab.nt * cdiv(dv, plan.block_v), hv),
+        zeroed_outputs=(0,),
+        name="ejkernel_gla_chunk_dv",
+        H=h,
+        DK=dk,
+        DV=dv,
+        GK=dk,
+        BK=plan.block_k,
+        BV=plan.block_v,
+        **sizes,
+        **common,
+    )
+    per_head = jax.ShapeDtypeStruct((r, hv, dk), f32)
+    dqi, dki = launch.launch(
+        kern.chunk_dqk_intra,
+        q,
+        k,
+        gc,
+        da,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        out_shape=(per_head, per_head),
+        grid=(tab.nt * (plan.chunk // _SUB_BLOCK) * cdiv(dk, plan.block_kd), hv),
+        name="ejkernel_gla_chunk_dqk_intra",
+        H=h,
+        DK=dk,
+        GK=dk,
+        BC=_SUB_BLOCK,
+        BK=plan.block_kd,
+        **sizes,
+        **common,
+    )
+    dq, dk_, dg = launch.launch(
+        kern.chunk_dqk_inter,
+        q,
+        k,
+        v,
+        gc,
+        do,
+        hs,
+        dhe,
+        dqi,
+        dki,
+        da,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        float(s.scale),
+        # dq, dk in q's dtype unless grouped value heads sum them afterwards (in float32)
+        out_shape=(per_head if hv != h else jax.ShapeDtypeStruct((r, hv, dk), q.dtype),) * 2 + (per_head,),
+        grid=(tab.nt * cdiv(dk, plan.block_k), hv),
+        zeroed_outputs=(0, 1, 2),  # tokens outside every sequence get no gradient
+        name="ejkernel_gla_chunk_dqk_inter",
+        H=h,
+        DK=dk,
+        DV=dv,
+        GK=dk,
+        BK=plan.block_k,
+        BV=plan.block_v,
+        **sizes,
+        **common,
+    )
+    return dq, dk_, dv_, dg, dh0
+
+
+# ------------------------------------------------------------------------------------------------
+# The differentiable call.
+# ------------------------------------------------------------------------------------------------
+
+
+def _group_sum(x: jax.Array, h: int) -> jax.Array:
+    """``[R, HV, K]`` per value head summed over each group of ``HV // h`` value heads: ``[R, h, K]``."""
+    r, hv, dk = x.shape
+    return x if hv == h else x.reshape(r, h, hv // h, dk).sum(axis=2)
+
+
+def _forward_dense(s: Static, has_h0: bool, q, k, v, g, h0):  # noqa: ANN001, ANN202
+    b, t = q.shape[:2]
+    tab = _chunk_table(b, t, s.fwd.chunk, None)
+    o, ht = _forward_rows(s, tab, _rows(q), _rows(k), _rows(v), _rows(g), h0 if has_h0 else None)
+    return o.reshape(v.shape[:3] + (o.shape[-1],)), ht
+
+
+def _backward_dense(s: Static, has_h0: bool, has_dht: bool, q, k, v, g, h0, do, dht):  # noqa: ANN001, ANN202
+    b, t, h, dk = q.shape
+    tab = _chunk_table(b, t, s.bwd.chunk, None)
+    dq, dk_, dv, dg, dh0 = _backward_rows(
+        s,
+        tab,
+        _rows(q),
+        _rows(k),
+        _rows(v),
+        _rows(g),
+        h0 if has_h0 else None,
+        _rows(do),
+        dht if has_dht else None,
+    )
+    return (
+        _group_sum(dq, h).reshape(q.shape),
+        _group_sum(dk_, h).reshape(k.shape),
+        dv.reshape(v.shape),
+        dg.reshape(g.shape),
+        dh0,
+    )
+
+
+def _forward(s: Static, q, k, v, g, h0, cu):  # noqa: ANN001, ANN202
+    """``(o, final state)``; dense calls fold ``vmap`` into the batch, packed ones run once per element."""
+    h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0.astype(jnp.float32)
+    if cu is None:
+        run = fold_vmap(
+            functools.partial(_forward_dense, s, h0 is not None), (0, 0, 0, 0, 0 if h0 is not None else None), 0
+        )
+        return run(q, k, v, g, h0_)
+    t = q.shape[1]
+    tab = _chunk_table(1, t, s.fwd.chunk, cu)
+    o, ht = _forward_rows(s, tab, q[0], k[0], v[0], g[0], h0_ if h0 is not None else None)
+    return o[None], ht
+
+
+def _backward(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:
+    q, k, v, g, h0, cu = res
+    do = cotangents[0]
+    dht = cotangents[1].astype(jnp.float32) if s.output_final_state else None
+    has_h0, has_dht = h0 is not None, dht is not None
+    h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0.astype(jnp.float32)
+    dht_ = jnp.asarray(_DUMMY_F32) if dht is None else dht
+    if cu is None:
+        run = fold_vmap(
+            functools.partial(_backward_dense, s, has_h0, has_dht),
+            (0, 0, 0, 0, 0 if has_h0 else None, 0, 0 if has_dht else None),
+            0,
+        )
+        dq, dk, dv, dg, dh0 = run(q, k, v, g, h0_, do, dht_)
+    else:
+        b, t, h, _ = q.shape
+        tab = _chunk_table(1, t, s.bwd.chunk, cu)
+        dq, dk, dv, dg, dh0 = _backward_rows(
+            s, tab, q[0], k[0], v[0], g[0], h0_ if has_h0 else None, do[0], dht_ if has_dht else None
+        )
+        dq, dk = _group_sum(dq, h)[None], _group_sum(dk, h)[None]
+        dv, dg = dv[None], dg[None]
+    return (
+        dq.astype(q.dtype),
+        dk.astype(k.dtype),
+        dv.astype(v.dtype),
+        dg.astype(g.dtype),
+        None if h0 is None else dh0.astype(h0.dtype),
+        None,
+    )
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def chunk_gla(
+    s: Static,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    h0: jax.Array | None,
+    cu: jax.Array | None,
+) -> tuple[jax.Array, jax.Array]:
+    """``(o, final state)`` by the chunked kernels (forward and backward, module docstring); ``cu`` gets no
+    gradient, ``h0`` any float dtype (its gradient has it)."""
+    return _forward(s, q, k, v, g, h0, cu)
+
+
+def _chunk_gla_fwd(s: Static, q, k, v, g, h0, cu):  # noqa: ANN001, ANN202
+    return _forward(s, q, k, v, g, h0, cu), (q, k, v, g, h0, cu)
+
+
+chunk_gla.defvjp(_chunk_gla_fwd, _backward)
+
+
+def gla(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    *,
+    scale: float | None = None,
+    initial_state: jax.Array | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: jax.Array | None = None,
+    fwd_params: ChunkFwdParams | None = None,
+    bwd_params: ChunkBwdParams | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """Gated linear attention (contract: ``ejkernel.modules.operations.gla``) by the chunked Triton kernels.
+
+    Shapes: ``q``, ``k [B, T, H, K]``, ``v [B, T, HV, V]``, ``g [B, T, HV, K]``, ``initial_state
+    [B or N, HV, K, V]``, ``cu_seqlens [N + 1]``; returns ``(o [B, T, HV, V] in q's dtype, final state float32
+    or None)``."""
+    fp = coerce(ChunkFwdParams, fwd_params) or ChunkFwdParams()
+    bp = coerce(ChunkBwdParams, bwd_params) or ChunkBwdParams()
+    q, k, v, g = (jnp.asarray(x) for x in (q, k, v, g))
+    d = Dims(int(q.shape[-1]), int(v.shape[-1]))
+    s = Static(
+        make_plan(d, fp, "fwd"),
+        make_plan(d, bp, "bwd"),
+        float(d.dk**-0.5 if scale is None else scale),
+        bool(output_final_state),
+    )
+    h0 = None if initial_state is None else jnp.asarray(initial_state)
+    cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens)
+    o, final = chunk_gla(s, q, k, v, g, h0, cu)
+    return o, (final if output_final_state else None)
