@@ -55,157 +55,76 @@ def _register_attention_block(registry, backend: str, priority: int, name: str) 
         )
 
 
-_SERVING = (  # (op, fwd params "module:class", priority offset): the Triton serving kernels
-    ("page_attention", "ejkernel_triton._decode:PagedDecodeParams", 0),
-    ("ragged_decode_attention", "ejkernel_triton._decode:DenseDecodeParams", 0),
-    # decode rows by the split-K kernel, prefill rows in flash-style tiles (checked and timed on an H200: 4.5x XLA
-    # on the serving issue's mixed batch)
-    ("ragged_page_attention", "ejkernel_triton.ragged_page_attention:RaggedPageParams", 0),
-)
-
-
-def _register_serving(registry, backend: str, priority: int, name: str) -> None:  # noqa: ANN001
-    """The serving ops (forward only: they are not differentiable)."""
-    for op, params, offset in _SERVING:
-        module = f"ejkernel_triton.{op}"
-        registry.register(
-            op,
-            "triton",
-            backend,
-            priority=max(1, priority + offset),
-            name=name,
-            impl=f"{module}:{op}",
-            supports=f"{module}:supports",
-            heuristic_cfg=f"{module}:heuristic_cfg",
-            candidate_cfgs=f"{module}:candidate_cfgs",
-            fwd_params=params,
-            bwd_params="ejkernel_triton._decode:ForwardOnly",
-            version=__version__,
-        )
-
-
-def _register_grouped_matmul(registry, backend: str, priority: int, name: str) -> None:  # noqa: ANN001
-    """The mixture-of-experts grouped matmul (gmm forward, gmm and tgmm backward), with its own launch params."""
-    module = "ejkernel_triton.grouped_matmul"
+def _register(registry, backend: str, priority: int, name: str, op: str, module: str, fwd: str, bwd: str) -> None:  # noqa: ANN001
+    """``op`` by ``ejkernel_triton.<module>`` (its ``op``, ``supports``, ``heuristic_cfg``, ``candidate_cfgs``), with
+    launch parameter classes ``fwd``/``bwd`` ("module:class")."""
+    module = f"ejkernel_triton.{module}"
     registry.register(
-        "grouped_matmul",
+        op,
         "triton",
         backend,
         priority=priority,
         name=name,
-        impl=f"{module}:grouped_matmul",
+        impl=f"{module}:{op}",
         supports=f"{module}:supports",
         heuristic_cfg=f"{module}:heuristic_cfg",
         candidate_cfgs=f"{module}:candidate_cfgs",
-        fwd_params=f"{module}:GmmFwdParams",
-        bwd_params=f"{module}:GmmBwdParams",
+        fwd_params=fwd,
+        bwd_params=bwd,
         version=__version__,
     )
 
 
+_DECODE, _RECURRENT = "ejkernel_triton._decode", "ejkernel_triton._recurrent"
 # The fused recurrent decode kernels (ejkernel_triton._recurrent): above the XLA implementation (10) on GPUs. Checked
 # on an H200 (conformance GPU tier, gradients included) and timed there (2026-12-02, B64 T1 H16 K=V=128 bf16 with
 # a float32 state: gated_delta_rule 3.28 TB/s against XLA's 1.99 and a Triton copy of the state's 2.90). They
-# decline sequences longer than a few decode steps (``supports``), so training shapes stay with the chunked kernels.
+# decline sequences longer than a few decode steps (``supports``), so training shapes go to the chunked kernels.
 _RECURRENT_GPU_PRIORITY = 110
-_RECURRENT = ("gla", "gated_delta_rule")
-
-
-def _register_recurrent(registry, backend: str, priority: int, name: str) -> None:  # noqa: ANN001
-    """``gla`` and ``gated_delta_rule`` for decoding (forward kernel; the backward is the reference's VJP)."""
-    for op in _RECURRENT:
-        module = f"ejkernel_triton.{op}"
-        registry.register(
-            op,
-            "triton",
-            backend,
-            priority=priority,
-            name=name,
-            impl=f"{module}:{op}",
-            supports=f"{module}:supports",
-            heuristic_cfg=f"{module}:heuristic_cfg",
-            candidate_cfgs=f"{module}:candidate_cfgs",
-            fwd_params="ejkernel_triton._recurrent:RecurrentParams",
-            bwd_params="ejkernel_triton._recurrent:NoBwdParams",
-            version=__version__,
-        )
-
-
-# The chunked ``gla`` kernels (ejkernel_triton.gla.chunk), forward and backward, for training shapes. Below the XLA
-# implementation (10) on GPUs: they have not been checked on a GPU yet (written and checked in Triton's interpreter,
-# and compiled for sm_90 without a GPU). Check and time them on one, then raise this above 10 (below the recurrent
-# kernels' priority, which keeps the decode steps those serve). Registered after the recurrent kernels.
-_CHUNK_GPU_PRIORITY = 5
-
-
-def _register_chunk(registry, backend: str, priority: int, name: str) -> None:  # noqa: ANN001
-    """``gla`` by the chunked kernels (any length; forward and backward kernels, each with its own launch params)."""
-    module = "ejkernel_triton.gla.chunk"
-    registry.register(
-        "gla",
-        "triton",
-        backend,
-        priority=priority,
-        name=name,
-        impl=f"{module}:gla",
-        supports=f"{module}:supports",
-        heuristic_cfg=f"{module}:heuristic_cfg",
-        candidate_cfgs=f"{module}:candidate_cfgs",
-        fwd_params=f"{module}:ChunkFwdParams",
-        bwd_params=f"{module}:ChunkBwdParams",
-        version=__version__,
-    )
-
-
-# The split-K decode kernel of ``multi_head_latent_attention`` (ejkernel_triton.multi_head_latent_attention). Below
-# the XLA implementation (10) on GPUs until it has been checked and timed on one (it was written and checked in
-# Triton's interpreter, and compiled for sm_90 without a GPU): then raise this above 10. Under
+# The chunked ``gla`` kernels (ejkernel_triton.gla.chunk), forward and backward, for training shapes, and the split-K
+# decode kernel of ``multi_head_latent_attention``: below the XLA implementation (10) on GPUs until checked and timed
+# on one (they were written and checked in Triton's interpreter and compiled for sm_90 without a GPU); then raise them
+# above 10 (the chunked kernels below the recurrent ones, which keep the decode steps). Under
 # EJKERNEL_AUTOTUNE_POLICY=autotune timing, not priority, decides.
+_CHUNK_GPU_PRIORITY = 5
 _MLA_GPU_PRIORITY = 5
-
-
-def _register_mla(registry, backend: str, priority: int, name: str) -> None:  # noqa: ANN001
-    """``multi_head_latent_attention`` for decoding (forward kernel; the backward is the reference's VJP)."""
-    module = "ejkernel_triton.multi_head_latent_attention"
-    registry.register(
-        "multi_head_latent_attention",
-        "triton",
-        backend,
-        priority=priority,
-        name=name,
-        impl=f"{module}:multi_head_latent_attention",
-        supports=f"{module}:supports",
-        heuristic_cfg=f"{module}:heuristic_cfg",
-        candidate_cfgs=f"{module}:candidate_cfgs",
-        fwd_params=f"{module}:MlaDecodeParams",
-        bwd_params=f"{module}:MlaBwdParams",
-        version=__version__,
-    )
+# (op, module, fwd params, bwd params, priority on GPUs, name suffix): registered for GPUs as "triton<suffix>", and
+# for the CPU as "triton<suffix>_interpret" at priority 1 when EJKERNEL_TRITON_INTERPRET=1.
+_KERNELS = (
+    # The serving ops are not differentiable (no backward). ragged_page_attention: decode rows by the split-K kernel,
+    # prefill rows in flash-style tiles (checked and timed on an H200: 4.5x XLA on the serving issue's mixed batch).
+    ("page_attention", "page_attention", f"{_DECODE}:PagedDecodeParams", f"{_DECODE}:ForwardOnly", 100, ""),
+    ("ragged_decode_attention", "ragged_decode_attention", f"{_DECODE}:DenseDecodeParams", f"{_DECODE}:ForwardOnly",
+     100, ""),
+    ("ragged_page_attention", "ragged_page_attention", "ejkernel_triton.ragged_page_attention:RaggedPageParams",
+     f"{_DECODE}:ForwardOnly", 100, ""),
+    # The mixture-of-experts grouped matmul: gmm forward, gmm and tgmm backward, each with its own launch params.
+    ("grouped_matmul", "grouped_matmul", "ejkernel_triton.grouped_matmul:GmmFwdParams",
+     "ejkernel_triton.grouped_matmul:GmmBwdParams", 100, ""),
+    # Decoding (a forward kernel; the backward is the reference's VJP).
+    ("gla", "gla", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams", _RECURRENT_GPU_PRIORITY, ""),
+    ("gated_delta_rule", "gated_delta_rule", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams",
+     _RECURRENT_GPU_PRIORITY, ""),
+    ("gla", "gla.chunk", "ejkernel_triton.gla.chunk:ChunkFwdParams", "ejkernel_triton.gla.chunk:ChunkBwdParams",
+     _CHUNK_GPU_PRIORITY, "_chunk"),
+    ("multi_head_latent_attention", "multi_head_latent_attention",
+     "ejkernel_triton.multi_head_latent_attention:MlaDecodeParams",
+     "ejkernel_triton.multi_head_latent_attention:MlaBwdParams", _MLA_GPU_PRIORITY, ""),
+)  # fmt: skip
 
 
 @hookimpl
 def ejkernel_register_kernels(registry) -> None:  # noqa: ANN001
+    interpret = os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1"  # tests on CPU run the interpreter
     _register_flash_attention(registry, "gpu", 100, "triton")
-    if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":  # tests on CPU run the interpreter
-        _register_flash_attention(registry, "cpu", 1, "triton_interpret")
     _register_attention_block(registry, "gpu", 100, "triton")
-    if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
+    if interpret:
+        _register_flash_attention(registry, "cpu", 1, "triton_interpret")
         _register_attention_block(registry, "cpu", 1, "triton_interpret")
-    _register_serving(registry, "gpu", 100, "triton")
-    if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
-        _register_serving(registry, "cpu", 1, "triton_interpret")
-    _register_grouped_matmul(registry, "gpu", 100, "triton")
-    if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
-        _register_grouped_matmul(registry, "cpu", 1, "triton_interpret")
-    _register_recurrent(registry, "gpu", _RECURRENT_GPU_PRIORITY, "triton")
-    if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
-        _register_recurrent(registry, "cpu", 1, "triton_interpret")
-    _register_chunk(registry, "gpu", _CHUNK_GPU_PRIORITY, "triton_chunk")
-    if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
-        _register_chunk(registry, "cpu", 1, "triton_chunk_interpret")
-    _register_mla(registry, "gpu", _MLA_GPU_PRIORITY, "triton")
-    if os.environ.get("EJKERNEL_TRITON_INTERPRET") == "1":
-        _register_mla(registry, "cpu", 1, "triton_interpret")
+    for op, module, fwd, bwd, priority, suffix in _KERNELS:
+        _register(registry, "gpu", priority, f"triton{suffix}", op, module, fwd, bwd)
+        if interpret:
+            _register(registry, "cpu", 1, f"triton{suffix}_interpret", op, module, fwd, bwd)
 
 
 def _missing_dependency() -> str | None:
