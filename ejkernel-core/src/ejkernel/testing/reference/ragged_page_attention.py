@@ -32,6 +32,10 @@ def ragged_page_attention(
     >>> out[:, 0, 0].tolist()  # row 0 (position 1) averages tokens 0, 1; row 1 (position 2) tokens 0, 1, 2
     [2.0, 4.0, 0.0]
     """
+    # NumPy arrays too: the rows below index them with traced values.
+    query, key_cache, value_cache, kv_lens, block_tables, cu_q_lens = (
+        jnp.asarray(x) for x in (query, key_cache, value_cache, kv_lens, block_tables, cu_q_lens)
+    )
     t = query.shape[0]
     s_max = kv_lens.shape[0]
     n = jnp.minimum(jnp.asarray(num_seqs, jnp.int32).reshape(-1)[0], s_max)
