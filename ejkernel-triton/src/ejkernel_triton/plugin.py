@@ -81,13 +81,15 @@ _DECODE, _RECURRENT = "ejkernel_triton._decode", "ejkernel_triton._recurrent"
 # a float32 state: gated_delta_rule 3.28 TB/s against XLA's 1.99 and a Triton copy of the state's 2.90). They
 # decline sequences longer than a few decode steps (``supports``), so training shapes go to the chunked kernels.
 _RECURRENT_GPU_PRIORITY = 110
-# The chunked ``gla`` kernels (ejkernel_triton.gla.chunk), forward and backward, for training shapes, and the split-K
-# decode kernel of ``multi_head_latent_attention``: below the XLA implementation (10) on GPUs until checked and timed
-# on one (they were written and checked in Triton's interpreter and compiled for sm_90 without a GPU); then raise them
-# above 10 (the chunked kernels below the recurrent ones, which keep the decode steps). Under
-# EJKERNEL_AUTOTUNE_POLICY=autotune timing, not priority, decides.
+# The chunked ``gla`` kernels (ejkernel_triton.gla.chunk), forward and backward: below the XLA implementation (10) on
+# GPUs. Correct on an H200 (forward, final state and every gradient, dense and packed, bf16 and f32:
+# benchmarks/gpucheck/gla_chunk.py), but at B4 T4096 H16 K=V=128 bf16 their forward+backward took 9.7 ms against
+# XLA's 7.7 (forward alone 2.0 against 3.0): raise this above 10 once the backward is faster.
 _CHUNK_GPU_PRIORITY = 5
-_MLA_GPU_PRIORITY = 5
+# The split-K decode kernel of ``multi_head_latent_attention``: above XLA on GPUs. Its output was checked against the
+# reference on an H200 and it read 0.36 TB/s at DeepSeek-V3 dims (B64 x 4096, H128) against XLA's 0.085 (2026-12-03;
+# far from a copy's 3.95: see BENCHMARKS.md). Its backward is the reference's VJP.
+_MLA_GPU_PRIORITY = 100
 # (op, module, fwd params, bwd params, priority on GPUs, name suffix): registered for GPUs as "triton<suffix>", and
 # for the CPU as "triton<suffix>_interpret" at priority 1 when EJKERNEL_TRITON_INTERPRET=1.
 _KERNELS = (

@@ -63,5 +63,9 @@ def ragged_page_attention(
         )  # fmt: skip
         return out[0]
 
-    # A few rows at a time: each row's keys, repeated over the query heads in float32, are O(context * H * D).
-    return jax.lax.map(row, (query, seq, position, owned), batch_size=16)
+    # Each row's keys, repeated over the query heads in float32, are O(context * H * D): all rows at once when that
+    # is small (the test shapes; no loop to compile), else a few rows at a time.
+    xs = (query, seq, position, owned)
+    if t * keys.shape[1] * query.shape[1] * keys.shape[-1] <= 1 << 24:
+        return jax.vmap(row)(xs)
+    return jax.lax.map(row, xs, batch_size=16)
