@@ -424,6 +424,27 @@ def test_configs(d, dtype):
     assert all(c.q_blocksize <= 32 for c in candidate_cfgs(_inv(64, t=20), "fwd"))
 
 
+@pytest.mark.parametrize("extra", ["bias", "mask"])
+def test_configs_count_bias_and_mask_tiles_in_shared_memory(extra):
+    # The kernels buffer a bias/mask tile per stage beside K and V: float32 D128 with a float32 bias asked an H200
+    # for 240 KiB of its 227 (GPU tier, gpu_bias_mqa) before the heuristic counted it.
+    from ejkernel_triton.flash_attention.interface import _fits, _pow2, _smem_bwd, _smem_bytes, _smem_fwd
+
+    inv = _inv(128, dtype=jnp.float32)
+    t, s = 4096, 4096
+    arr = {"bias": jax.ShapeDtypeStruct((2, 16, t, s), jnp.float32), "mask": jax.ShapeDtypeStruct((2, 1, t, s), bool)}
+    with_extra = _Inv(**inv.arguments, **{"bias" if extra == "bias" else "attention_mask": arr[extra]})
+    x = 4 if extra == "bias" else 1
+    for stage, smem in (("fwd", _smem_fwd), ("bwd", _smem_bwd)):
+        for c in candidate_cfgs(with_extra, stage):
+            assert smem(c.q_blocksize, c.kv_blocksize, c.num_stages, 128, 128, 4, x) <= _smem_bytes()
+            assert _fits(stage, c.q_blocksize, c.kv_blocksize, c.num_warps, c.num_stages, _pow2(128), 128, 4, x)
+    if extra == "bias":  # the plain call's heuristic would not fit once the bias tiles count
+        h = heuristic_cfg(inv, "fwd")
+        assert _smem_fwd(h.q_blocksize, h.kv_blocksize, h.num_stages, 128, 128, 4, 4) > _smem_bytes()
+        assert heuristic_cfg(with_extra, "fwd") != h
+
+
 def test_supports():
     assert supports(_inv(128)) is None
     assert supports(_inv(192, 256)) is None

@@ -70,22 +70,30 @@ def _arguments(invocation: Any) -> Mapping[str, Any]:
     return args
 
 
-def _problem(invocation: Any) -> tuple[int, int, int, int, int]:
-    """(T, S, D, Dv, bytes per element) of a call."""
+def _score_bytes(bias: Any, attention_mask: Any) -> int:
+    """Bytes per score loaded beside Q, K and V (a bias tile, a dense mask tile), buffered per stage like K and V."""
+    out = 0 if bias is None else int(np.dtype(bias.dtype).itemsize)
+    return out + (0 if attention_mask is None else 1)  # the mask goes to the kernels as int8
+
+
+def _problem(invocation: Any) -> tuple[int, int, int, int, int, int]:
+    """(T, S, D, Dv, bytes per element, bytes per score of bias and mask) of a call."""
     args = _arguments(invocation)
     q, k, v = args["query"], args["key"], args["value"]
-    return int(q.shape[1]), int(k.shape[1]), int(q.shape[-1]), int(v.shape[-1]), int(np.dtype(q.dtype).itemsize)
+    x = _score_bytes(args.get("bias"), args.get("attention_mask"))
+    return int(q.shape[1]), int(k.shape[1]), int(q.shape[-1]), int(v.shape[-1]), int(np.dtype(q.dtype).itemsize), x
 
 
-def _smem_fwd(bm: int, bn: int, stages: int, bd: int, bdv: int, e: int) -> int:
-    # the query tile, `stages` buffered K and V tiles, and P staged for the second dot
-    return e * (bm * bd + stages * bn * (bd + bdv) + bm * bn)
+def _smem_fwd(bm: int, bn: int, stages: int, bd: int, bdv: int, e: int, x: int = 0) -> int:
+    # the query tile, `stages` buffered K and V tiles (and bias/mask tiles: x bytes per score), and P staged
+    # for the second dot
+    return e * (bm * bd + stages * bn * (bd + bdv) + bm * bn) + x * stages * bm * bn
 
 
-def _smem_bwd(bm: int, bn: int, stages: int, bd: int, bdv: int, e: int) -> int:
+def _smem_bwd(bm: int, bn: int, stages: int, bd: int, bdv: int, e: int, x: int = 0) -> int:
     # With the backward's tile rule (see _backward) both kernels hold bn rows (dK/dV: K, V; dQ: Q,
-    # dO) and stream bm rows (dK/dV: Q, dO; dQ: K, V), plus one [bn, bm] P/dS tile.
-    return e * (bn * (bd + bdv) + stages * bm * (bd + bdv) + bm * bn)
+    # dO) and stream bm rows (dK/dV: Q, dO; dQ: K, V) with their bias/mask tiles, plus one [bn, bm] P/dS tile.
+    return e * (bn * (bd + bdv) + stages * bm * (bd + bdv) + bm * bn) + x * stages * bm * bn
 
 
 def _regs_ok(stage: str, bm: int, bn: int, warps: int, bd: int, bdv: int) -> bool:
@@ -99,13 +107,13 @@ def _regs_ok(stage: str, bm: int, bn: int, warps: int, bd: int, bdv: int) -> boo
     return live / threads <= 200
 
 
-def _fits(stage: str, bm: int, bn: int, warps: int, stages: int, bd: int, bdv: int, e: int) -> bool:
-    smem = (_smem_fwd if stage == "fwd" else _smem_bwd)(bm, bn, stages, bd, bdv, e)
+def _fits(stage: str, bm: int, bn: int, warps: int, stages: int, bd: int, bdv: int, e: int, x: int = 0) -> bool:
+    smem = (_smem_fwd if stage == "fwd" else _smem_bwd)(bm, bn, stages, bd, bdv, e, x)
     return smem <= _smem_bytes() and _regs_ok(stage, bm, bn, warps, bd, bdv)
 
 
 def _heuristic_tuple(
-    stage: str, d: int, dv: int, e: int, t: int = 1 << 20, s: int = 1 << 20
+    stage: str, d: int, dv: int, e: int, t: int = 1 << 20, s: int = 1 << 20, x: int = 0
 ) -> tuple[int, int, int, int]:
     """Hopper (H100/H200) launch configs; blocks no longer than the (power-of-two rounded)
     sequences they tile.
@@ -137,8 +145,9 @@ def _heuristic_tuple(
     else:  # each backward block tiles queries in one kernel and keys in the other
         bm, bn = min(bm, _pow2(t), _pow2(s)), min(bn, _pow2(t), _pow2(s))
     bdq, bdvq = _pow2(d), _pow2(dv)
-    # float32 inputs (or odd head dims) may not fit: fewer stages, then smaller blocks.
-    while not _fits(stage, bm, bn, warps, stages, bdq, bdvq, e):
+    # float32 inputs, a bias or mask (``x`` bytes per score), or odd head dims may not fit: fewer stages, then
+    # smaller blocks. (A float32 MQA call with a bias asked for 240 KiB on an H200 before the bias was counted.)
+    while not _fits(stage, bm, bn, warps, stages, bdq, bdvq, e, x):
         if stages > 1:
             stages -= 1
         elif bn > 16 and bn >= bm:
@@ -152,8 +161,8 @@ def _heuristic_tuple(
 
 def heuristic_cfg(invocation: Any, stage: str = "fwd") -> FwdParams | BwdParams:
     """The default launch parameters for ``stage`` ("fwd" or "bwd") of this call."""
-    t, s, d, dv, e = _problem(invocation)
-    bm, bn, warps, stages = _heuristic_tuple(stage, d, dv, e, t, s)
+    t, s, d, dv, e, x = _problem(invocation)
+    bm, bn, warps, stages = _heuristic_tuple(stage, d, dv, e, t, s, x)
     cls = FwdParams if stage == "fwd" else BwdParams
     return cls(q_blocksize=bm, kv_blocksize=bn, num_warps=warps, num_stages=stages)
 
@@ -166,7 +175,7 @@ def candidate_cfgs(invocation: Any, stage: str = "fwd") -> list[FwdParams | BwdP
     a Triton compile (seconds) when the autotuner times it: the forward keeps 3 stages and key tiles of
     64 or 128 (2 or 4 stages and 32-key tiles were 5-20% slower), the backward 8 warps, and streamed
     tiles of 32 or 64 no longer than the held one (4 warps and 16-row tiles lost by 30% or more)."""
-    t, s, d, dv, e = _problem(invocation)
+    t, s, d, dv, e, x = _problem(invocation)
     bd, bdv = _pow2(d), _pow2(dv)
     cls = FwdParams if stage == "fwd" else BwdParams
     grid: Iterable[tuple[int, int, int, int]]
@@ -176,9 +185,9 @@ def candidate_cfgs(invocation: Any, stage: str = "fwd") -> list[FwdParams | BwdP
         grid = ((bm, bn, 8, st) for bm in (32, 64) for bn in (64, 128) for st in (2, 3) if bm <= bn)
     # no block much longer than the sequence it tiles (backward blocks tile both, see _backward)
     max_bm, max_bn = (_pow2(t), _pow2(s)) if stage == "fwd" else (min(_pow2(t), _pow2(s)),) * 2
-    out = [_heuristic_tuple(stage, d, dv, e, t, s)]
+    out = [_heuristic_tuple(stage, d, dv, e, t, s, x)]
     for bm, bn, warps, stages in grid:
-        if bm > max_bm or bn > max_bn or not _fits(stage, bm, bn, warps, stages, bd, bdv, e):
+        if bm > max_bm or bn > max_bn or not _fits(stage, bm, bn, warps, stages, bd, bdv, e, x):
             continue
         if (bm, bn, warps, stages) not in out:
             out.append((bm, bn, warps, stages))
@@ -564,8 +573,9 @@ def _prepare(
         small = (_INTERPRET_BLOCK, _INTERPRET_BLOCK, 4, 1)
         fwd_default = bwd_default = small
     else:
-        fwd_default = _heuristic_tuple("fwd", d, dv, e, t, s)
-        bwd_default = _heuristic_tuple("bwd", d, dv, e, t, s)
+        x = _score_bytes(bias, attention_mask)
+        fwd_default = _heuristic_tuple("fwd", d, dv, e, t, s, x)
+        bwd_default = _heuristic_tuple("bwd", d, dv, e, t, s, x)
     cfg = _Cfg(
         scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
         softcap=None if logits_soft_cap is None else float(logits_soft_cap),
