@@ -141,3 +141,29 @@ def test_cli_json_and_report(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "| B1 H1 T16 D8 | float32 | fwd |" in (tmp_path / "r.md").read_text()
     assert main(["bench", "--presets"]) == 0 and "flash-h200" in capsys.readouterr().out
     assert main(["bench", "no_such_op"]) == 2
+
+
+@pytest.mark.parametrize("zipf", [False, True])
+def test_grouped_matmul_check_by_group_matches_the_plain_reference(monkeypatch: pytest.MonkeyPatch, zipf: bool) -> None:
+    # Past PLAIN_GROUPED_MAX the bench checks grouped_matmul group by group (the plain reference's [G, M, N] needed
+    # 64 GiB at the DeepSeek-V3 shape); both forms agree, value and gradients, empty groups included.
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from ejkernel.bench import cases
+
+    case = CASES["grouped_matmul"]
+    inputs = case.make({"G": 6, "M": 70, "K": 16, "N": 12, "zipf": zipf}, jnp.float32)
+    lhs, rhs, sizes = inputs.args
+    sizes = sizes.at[0].add(-3) if not zipf else sizes  # balanced: rows past every group too
+    inputs = cases.Inputs((lhs, rhs, sizes), inputs.kwargs, inputs.diff)
+
+    def loss(ref, lhs, rhs):
+        return jnp.sum(ref(cases.Inputs((lhs, rhs, sizes), {}, (0, 1)), inputs) ** 2)
+
+    plain = jax.value_and_grad(loss, argnums=(1, 2))(case.reference, lhs, rhs)
+    monkeypatch.setattr(cases, "PLAIN_GROUPED_MAX", 0)
+    by_group = jax.jit(jax.value_and_grad(loss, argnums=(1, 2)), static_argnums=0)(case.reference, lhs, rhs)
+    for got, want in zip(jax.tree.leaves(by_group), jax.tree.leaves(plain), strict=True):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)

@@ -184,7 +184,7 @@ def run(
                 }
                 try:
                     ref_fn, ref_args = _pass_fn(
-                        lambda *a, i=inputs: case.reference(Inputs(a, i.kwargs, i.diff)), inputs, pass_
+                        lambda *a, i=inputs: case.reference(Inputs(a, i.kwargs, i.diff), i), inputs, pass_
                     )
                     ref = ref_fn(*ref_args)
                 except Exception as e:  # noqa: BLE001 - without a reference nothing can be checked
