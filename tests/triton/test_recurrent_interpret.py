@@ -128,6 +128,77 @@ def test_gradients_through_the_custom_vjp(op):
         _close(g, w, 1e-4)
 
 
+def _one_head_inputs(t, *, b=B, n=None, seed=0):
+    """``q``, ``k``, ``v`` with one head count (``lightning_attn``, ``recurrent``), the gates of both and a state."""
+    rng = np.random.default_rng(seed)
+
+    def normal(*shape):
+        return jnp.asarray(rng.standard_normal(shape), jnp.float32)
+
+    qkv = (normal(b, t, H, K), normal(b, t, H, K) / 4, normal(b, t, H, V))
+    gates = {
+        "slope": jnp.abs(normal(H)),
+        "g": -jax.nn.softplus(-normal(b, t, H)),
+        "g_k": 0.3 * -jax.nn.softplus(-normal(b, t, H, K)),
+    }
+    return qkv, gates, 0.5 * normal(n or b, H, K, V)
+
+
+@pytest.mark.parametrize(
+    ("op", "gates"),
+    [("lightning_attn", ("slope",)), ("recurrent", ("g",)), ("recurrent", ("g_k",)), ("recurrent", ("g", "g_k")),
+     ("recurrent", ())],
+)  # fmt: skip
+def test_lightning_and_recurrent_fold_their_gates_into_gla(op, gates):
+    """``lightning_attn`` and ``recurrent`` (no value gate) on gla's kernel: outputs, final state, packed sequences
+    (lengths 2, 0, 3; two tokens in none) and the gradients of every input, the gates included."""
+    from ejkernel_triton import lightning_attn as lightning_module
+    from ejkernel_triton import recurrent as recurrent_module
+
+    impl = {"lightning_attn": lightning_module.lightning_attn, "recurrent": recurrent_module.recurrent}[op]
+    ref = {"lightning_attn": reference.lightning_attn, "recurrent": reference.recurrent}[op]
+    cu = jnp.asarray([0, 2, 2, 5], jnp.int32)
+    for kw, (qkv, all_gates, h0) in (
+        ({}, _one_head_inputs(3, seed=1)),
+        ({"cu_seqlens": cu}, _one_head_inputs(7, b=1, n=3, seed=2)),
+    ):
+        named = {name: all_gates[name] for name in gates}
+        diff = (*qkv, h0, *named.values())
+
+        def loss(fn, *xs, kw=kw, names=tuple(named)):
+            o, final = fn(*xs[:3], initial_state=xs[3], output_final_state=True, **dict(zip(names, xs[4:])), **kw)
+            return jnp.sum(o * jnp.cos(o)) + jnp.sum(final**2), (o, final)
+
+        (_, got_out), got = jax.value_and_grad(
+            lambda *xs: loss(impl, *xs), argnums=tuple(range(len(diff))), has_aux=True
+        )(*diff)
+        (_, want_out), want = jax.value_and_grad(
+            lambda *xs: loss(ref, *xs), argnums=tuple(range(len(diff))), has_aux=True
+        )(*diff)
+        for g, w in zip((*got_out, *got), (*want_out, *want), strict=True):
+            _close(g, w, 1e-4)
+
+
+def test_recurrent_declines_value_gates_and_reverse():
+    from ejkernel.ops import Invocation
+
+    from ejkernel_triton import recurrent as recurrent_module
+
+    sds = jax.ShapeDtypeStruct
+    base = {
+        "q": sds((1, 2, H, K), jnp.float32),
+        "k": sds((1, 2, H, K), jnp.float32),
+        "v": sds((1, 2, H, V), jnp.float32),
+    }
+    supports = lambda **kw: recurrent_module.supports(Invocation.create("recurrent", {**base, **kw}, "cpu"))  # noqa: E731
+    assert supports(g=sds((1, 2, H), jnp.float32)) is None
+    assert "g_v" in supports(g_v=sds((1, 2, H, V), jnp.float32))
+    assert "reverse" in supports(reverse=True)
+    (q, k, v), _, _ = _one_head_inputs(2)
+    with pytest.raises(ValueError, match="reverse"):
+        recurrent_module.recurrent(q, k, v, reverse=True)
+
+
 def test_vmap_folds_into_one_launch(monkeypatch):
     from ejkernel_triton import _recurrent
 
@@ -175,7 +246,7 @@ def test_params_and_registration_above_xla_on_gpus():
     assert RecurrentParams.from_generic(FwdParams(num_warps=2)) == RecurrentParams(num_warps=2)
     with pytest.raises(ValueError, match="q_blocksize"):
         RecurrentParams.from_generic(FwdParams(q_blocksize=16))
-    for op in ("gla", "gated_delta_rule"):
+    for op in ("gla", "gated_delta_rule", "lightning_attn", "recurrent"):
         gpu = {i.name: i.priority for i in kernel_registry.implementations(op, backend="gpu")}
         if "xla" in gpu:
             assert gpu["triton"] > gpu["xla"], gpu  # checked and timed on an H200: decode steps go to it

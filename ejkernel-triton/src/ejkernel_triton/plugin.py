@@ -1,8 +1,8 @@
 """ejkernel plugin of ejkernel-triton (entry point ``[project.entry-points.ejkernel] triton``).
 
 Registers the Triton kernels for GPUs (flash attention, the attention block, the serving decode kernels, the
-grouped matmul, the fused recurrent ``gla``/``gated_delta_rule``, the chunked ``gla``, the
-``multi_head_latent_attention`` decode kernel). With ``EJKERNEL_TRITON_INTERPRET=1`` it also registers them for
+grouped matmul, the fused recurrent ``gla``/``gated_delta_rule``/``lightning_attn``/``recurrent``, the chunked
+``gla``, the ``multi_head_latent_attention`` decode kernel). With ``EJKERNEL_TRITON_INTERPRET=1`` it also registers them for
 the CPU, where the same kernels run in Triton's interpreter: that is for tests only (slow), and the variable must
 be set before anything imports ``triton`` (see ``ejkernel_triton.launch``).
 
@@ -106,6 +106,13 @@ _KERNELS = (
     # Decoding (a forward kernel; the backward is the reference's VJP).
     ("gla", "gla", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams", _RECURRENT_GPU_PRIORITY, ""),
     ("gated_delta_rule", "gated_delta_rule", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams",
+     _RECURRENT_GPU_PRIORITY, ""),
+    # lightning_attn and recurrent (without a value gate) decode on gla's kernel, their gates folded into its key-side
+    # log decay (a broadcast in XLA before the launch). Not timed on a GPU themselves (added 2026-12-03 without GPU
+    # time left): gla's figures and GPU tier stand for the kernel.
+    ("lightning_attn", "lightning_attn", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams",
+     _RECURRENT_GPU_PRIORITY, ""),
+    ("recurrent", "recurrent", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams",
      _RECURRENT_GPU_PRIORITY, ""),
     ("gla", "gla.chunk", "ejkernel_triton.gla.chunk:ChunkFwdParams", "ejkernel_triton.gla.chunk:ChunkBwdParams",
      _CHUNK_GPU_PRIORITY, "_chunk"),

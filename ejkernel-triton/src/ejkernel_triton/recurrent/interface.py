@@ -1,0 +1,72 @@
+"""Triton ``recurrent`` for decoding: the fused recurrent kernel of ``gla``, the scalar gate ``g [B, T, H]`` and the
+key gate ``g_k [B, T, H, K]`` added into one key-side log decay (``S_t = diag(exp(g_t + g_k,t)) S_{t-1} + k_t^T
+v_t``).
+
+Declined (``supports``): a value gate ``g_v`` and ``reverse`` (the kernel decays the key side and visits tokens in
+order), besides what the Triton ``gla`` declines. Launch parameters and gradients (the VJP of the core's reference
+recurrence) are the Triton ``gla``'s (``ejkernel_triton.gla.interface``). Importing this module does not import
+Triton.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from ejkernel_triton._recurrent import NoBwdParams, RecurrentParams, arguments, supports_recurrent
+from ejkernel_triton.gla.interface import candidate_cfgs, gla, heuristic_cfg
+
+__all__ = ["candidate_cfgs", "heuristic_cfg", "recurrent", "supports"]
+
+
+def supports(inv: Any) -> str | None:
+    args = arguments(inv)
+    if args.get("g_v") is not None:
+        return "ejkernel-triton recurrent: a value gate g_v is not supported (the fused kernel decays the key side)"
+    if args.get("reverse"):
+        return "ejkernel-triton recurrent: reverse=True is not supported (the fused kernel visits tokens in order)"
+    return supports_recurrent("recurrent", inv, ("g", "g_k"))
+
+
+def recurrent(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array | None = None,
+    g_k: jax.Array | None = None,
+    g_v: jax.Array | None = None,
+    *,
+    scale: float | None = None,
+    initial_state: jax.Array | None = None,
+    output_final_state: bool = False,
+    reverse: bool = False,
+    cu_seqlens: jax.Array | None = None,
+    fwd_params: RecurrentParams | None = None,
+    bwd_params: NoBwdParams | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """The gated linear recurrence (contract: ``ejkernel.modules.operations.recurrent``) without a value gate.
+
+    Shapes: ``q``, ``k``, ``v [B, T, H, K|V]``, ``g [B, T, H]``, ``g_k [B, T, H, K]``, ``initial_state
+    [B or N, H, K, V]``, ``cu_seqlens [N + 1]``; returns ``(o [B, T, H, V] in q's dtype, final state float32 or
+    None)``."""
+    if g_v is not None or reverse:  # what supports() declines, when called directly
+        raise ValueError(f"ejkernel-triton recurrent: {'g_v' if g_v is not None else 'reverse=True'} is not supported")
+    log_decay = jnp.zeros(jnp.shape(q), jnp.float32)
+    if g is not None:
+        log_decay = log_decay + jnp.asarray(g).astype(jnp.float32)[..., None]
+    if g_k is not None:
+        log_decay = log_decay + jnp.asarray(g_k).astype(jnp.float32)
+    return gla(
+        q,
+        k,
+        v,
+        log_decay,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+        fwd_params=fwd_params,
+        bwd_params=bwd_params,
+    )
