@@ -263,6 +263,14 @@ def _delta(s: Shape, dtype: Any) -> Inputs:
     return Inputs((q, k, _normal(kv, (b, t, h, dv), dtype), g, beta), {}, (0, 1, 2, 3, 4))
 
 
+def _lightning(s: Shape, dtype: Any) -> Inputs:
+    kq, kk, kv = jax.random.split(jax.random.key(0), 3)
+    b, t, h, dk, dv = s["B"], s["T"], s["H"], s["K"], s["V"]
+    q, k = _normal(kq, (b, t, h, dk), dtype), _normal(kk, (b, t, h, dk), dtype)
+    slope = 2.0 ** -jnp.arange(1, h + 1, dtype=jnp.float32)  # ALiBi-like per-head decays, as lightning models use
+    return Inputs((q * dk**-0.5, k * dk**-0.5, _normal(kv, (b, t, h, dv), dtype), slope), {}, (0, 1, 2))
+
+
 def _decode_state(make: Callable[[Shape, Any], Inputs]) -> Callable[[Shape, Any], Inputs]:
     """A decode step of a linear-attention op: its inputs plus a float32 state ``[B, H, K, V]`` (passed last, by
     keyword); the final state is returned (and checked, and timed)."""
@@ -391,6 +399,19 @@ CASES: dict[str, Case] = {
             "the float32 state read and written (2·B·H·K·V·4) plus q, k, g, v, o once, over time",
             "B",
             kernel="gla",
+            keywords=("initial_state",),
+            outputs=lambda out: out,
+        ),
+        Case(
+            "lightning_attn-decode",
+            ("B", "T", "H", "K", "V"),
+            {"B": 64, "T": 1, "H": 16, "K": 128, "V": 128},
+            _decode_state(_lightning),
+            _state_bytes,
+            "TB/s",
+            "the float32 state read and written (2·B·H·K·V·4) plus q, k, v, o once, over time",
+            "B",
+            kernel="lightning_attn",
             keywords=("initial_state",),
             outputs=lambda out: out,
         ),

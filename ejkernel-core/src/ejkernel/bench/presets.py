@@ -111,6 +111,12 @@ PRESETS: dict[str, Preset] = {
         passes=("fwd",),
         about="a gated delta rule decode step against a float32 state [B, H16, 128, 128]",
     ),
+    "lightning-decode": Preset(
+        "lightning_attn-decode",
+        ("B=64,T=1,H=16,K=128,V=128", "B=1,T=1,H=16,K=128,V=128", "B=256,T=1,H=16,K=128,V=128"),
+        passes=("fwd",),
+        about="a lightning_attn decode step against a float32 state [B, H16, 128, 128]",
+    ),
     # Were ejkernel-xla/benchmarks/flash_attention_cpu.py and linear_attention_cpu.py (their times; the memory
     # scaling is a test now, tests/xla/test_flash_attention_memory.py).
     "flash-cpu": Preset(
