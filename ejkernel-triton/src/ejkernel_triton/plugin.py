@@ -2,9 +2,9 @@
 
 Registers the Triton kernels for GPUs (flash attention, the attention block, the serving decode kernels, the
 grouped matmul, the fused recurrent ``gla``/``gated_delta_rule``/``lightning_attn``/``recurrent``, the chunked
-``gla``, the ``multi_head_latent_attention`` decode kernel). With ``EJKERNEL_TRITON_INTERPRET=1`` it also registers them for
-the CPU, where the same kernels run in Triton's interpreter: that is for tests only (slow), and the variable must
-be set before anything imports ``triton`` (see ``ejkernel_triton.launch``).
+``gla``, the ``multi_head_latent_attention`` decode kernel). With ``EJKERNEL_TRITON_INTERPRET=1`` it also registers
+them for the CPU, where the same kernels run in Triton's interpreter: that is for tests only (slow), and the
+variable must be set before anything imports ``triton`` (see ``ejkernel_triton.launch``).
 
 The references are lazy strings, so loading this plugin imports neither Triton nor jax-triton.
 """
@@ -86,6 +86,8 @@ _RECURRENT_GPU_PRIORITY = 110
 # benchmarks/gpucheck/gla_chunk.py), but at B4 T4096 H16 K=V=128 bf16 their forward+backward took 9.7 ms against
 # XLA's 7.7 (forward alone 2.0 against 3.0): raise this above 10 once the backward is faster.
 _CHUNK_GPU_PRIORITY = 5
+# Kernels not yet run on a GPU: registered (a user can pick them with platform=), never the default.
+_UNCHECKED_GPU_PRIORITY = 5
 # The split-K decode kernel of ``multi_head_latent_attention``: above XLA on GPUs. Its output was checked against the
 # reference on an H200 and it read 0.36 TB/s at DeepSeek-V3 dims (B64 x 4096, H128) against XLA's 0.085 (2026-12-03;
 # far from a copy's 3.95: see BENCHMARKS.md). Its backward is the reference's VJP.
@@ -108,12 +110,12 @@ _KERNELS = (
     ("gated_delta_rule", "gated_delta_rule", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams",
      _RECURRENT_GPU_PRIORITY, ""),
     # lightning_attn and recurrent (without a value gate) decode on gla's kernel, their gates folded into its key-side
-    # log decay (a broadcast in XLA before the launch). Not timed on a GPU themselves (added 2026-12-03 without GPU
-    # time left): gla's figures and GPU tier stand for the kernel.
+    # log decay (a broadcast in XLA before the launch). Below XLA until they have run on a GPU (added 2026-12-03
+    # without GPU time left): raise to _RECURRENT_GPU_PRIORITY once their GPU tier passes and lightning-decode is timed.
     ("lightning_attn", "lightning_attn", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams",
-     _RECURRENT_GPU_PRIORITY, ""),
+     _UNCHECKED_GPU_PRIORITY, ""),
     ("recurrent", "recurrent", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams",
-     _RECURRENT_GPU_PRIORITY, ""),
+     _UNCHECKED_GPU_PRIORITY, ""),
     ("gla", "gla.chunk", "ejkernel_triton.gla.chunk:ChunkFwdParams", "ejkernel_triton.gla.chunk:ChunkBwdParams",
      _CHUNK_GPU_PRIORITY, "_chunk"),
     ("multi_head_latent_attention", "multi_head_latent_attention",
