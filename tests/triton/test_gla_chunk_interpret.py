@@ -169,11 +169,17 @@ def test_supports_and_registration_below_xla_on_gpus():
     assert chunk.supports(inv(4096, dk=256, dtype=jnp.bfloat16)) is None
     assert "head dims" in chunk.supports(inv(8, dk=512))
     assert "float64 is not supported" in chunk.supports(inv(8, dtype=jnp.float64))
-    gpu = {i.name: i.priority for i in kernel_registry.implementations("gla", backend="gpu")}
-    if "xla" in gpu:
-        assert gpu["triton_chunk"] < gpu["xla"], gpu  # not checked on a GPU yet: below XLA
-    cpu = {i.name: i.priority for i in kernel_registry.implementations("gla", backend="cpu")}
-    assert cpu["triton_chunk_interpret"] == 1
+    lightning = Invocation.create("lightning_attn", {**inv(8, dtype=jnp.float16).arguments, "g": None}, "cpu")
+    assert chunk.supports(lightning) is None  # lightning_attn and recurrent run on these kernels
+    assert "lightning_attn (chunked): head dims" in chunk.supports(
+        Invocation.create("lightning_attn", inv(8, dk=512).arguments, "cpu")
+    )  # the op is named in the message
+    for op in ("gla", "lightning_attn", "recurrent"):
+        gpu = {i.name: i.priority for i in kernel_registry.implementations(op, backend="gpu")}
+        if "xla" in gpu:
+            assert gpu["triton_chunk"] < gpu["xla"], gpu  # backward slower than XLA's (gla, 2026-12-03): below XLA
+        cpu = {i.name: i.priority for i in kernel_registry.implementations(op, backend="cpu")}
+        assert cpu["triton_chunk_interpret"] == 1
 
 
 _COMPILE_SCRIPT = textwrap.dedent("""

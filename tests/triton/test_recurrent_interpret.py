@@ -4,7 +4,7 @@ The conformance suites check the contracts; this file checks what is particular 
 grouped value heads read in place (HV = 2 H), the value channels split over programs (``block_v``), the packed
 layout with an empty sequence and tokens after the last, ``use_qk_l2norm``, bfloat16 inputs, the gradients of the
 ``custom_vjp`` (the reference's VJP), ``vmap`` folded into one launch, the registration above XLA on GPUs and
-``supports`` declining long sequences.
+``supports`` declining long sequences; and ``lightning_attn``/``recurrent`` on gla's fused and chunked kernels.
 """
 
 from __future__ import annotations
@@ -144,23 +144,25 @@ def _one_head_inputs(t, *, b=B, n=None, seed=0):
     return qkv, gates, 0.5 * normal(n or b, H, K, V)
 
 
+@pytest.mark.parametrize("kernels", ["interface", "chunk"])
 @pytest.mark.parametrize(
-    ("op", "gates"),
-    [("lightning_attn", ("slope",)), ("recurrent", ("g",)), ("recurrent", ("g_k",)), ("recurrent", ("g", "g_k")),
-     ("recurrent", ())],
+    ("op", "gates", "reverse"),
+    [("lightning_attn", ("slope",), False), ("recurrent", ("g",), False), ("recurrent", ("g_k",), True),
+     ("recurrent", ("g", "g_k"), False), ("recurrent", (), True)],
 )  # fmt: skip
-def test_lightning_and_recurrent_fold_their_gates_into_gla(op, gates):
-    """``lightning_attn`` and ``recurrent`` (no value gate) on gla's kernel: outputs, final state, packed sequences
-    (lengths 2, 0, 3; two tokens in none) and the gradients of every input, the gates included."""
-    from ejkernel_triton import lightning_attn as lightning_module
-    from ejkernel_triton import recurrent as recurrent_module
+def test_lightning_and_recurrent_fold_their_gates_into_gla(kernels, op, gates, reverse):
+    """``lightning_attn`` and ``recurrent`` (no value gate) on gla's fused recurrent or chunked kernels: outputs,
+    final state, packed sequences (lengths 2, 0, 3; two tokens in none), ``reverse`` (the flipped sequence) and the
+    gradients of every input, the gates included."""
+    import importlib
 
-    impl = {"lightning_attn": lightning_module.lightning_attn, "recurrent": recurrent_module.recurrent}[op]
+    impl = getattr(importlib.import_module(f"ejkernel_triton.{op}.{kernels}"), op)
     ref = {"lightning_attn": reference.lightning_attn, "recurrent": reference.recurrent}[op]
     cu = jnp.asarray([0, 2, 2, 5], jnp.int32)
+    rev = {"reverse": True} if reverse else {}
     for kw, (qkv, all_gates, h0) in (
-        ({}, _one_head_inputs(3, seed=1)),
-        ({"cu_seqlens": cu}, _one_head_inputs(7, b=1, n=3, seed=2)),
+        ({**rev}, _one_head_inputs(3, seed=1)),
+        ({"cu_seqlens": cu, **rev}, _one_head_inputs(7, b=1, n=3, seed=2)),
     ):
         named = {name: all_gates[name] for name in gates}
         diff = (*qkv, h0, *named.values())
@@ -179,24 +181,26 @@ def test_lightning_and_recurrent_fold_their_gates_into_gla(op, gates):
             _close(g, w, 1e-4)
 
 
-def test_recurrent_declines_value_gates_and_reverse():
+@pytest.mark.parametrize("kernels", ["interface", "chunk"])
+def test_recurrent_declines_value_gates(kernels):
+    import importlib
+
     from ejkernel.ops import Invocation
 
-    from ejkernel_triton import recurrent as recurrent_module
-
+    module = importlib.import_module(f"ejkernel_triton.recurrent.{kernels}")
     sds = jax.ShapeDtypeStruct
     base = {
         "q": sds((1, 2, H, K), jnp.float32),
         "k": sds((1, 2, H, K), jnp.float32),
         "v": sds((1, 2, H, V), jnp.float32),
     }
-    supports = lambda **kw: recurrent_module.supports(Invocation.create("recurrent", {**base, **kw}, "cpu"))  # noqa: E731
-    assert supports(g=sds((1, 2, H), jnp.float32)) is None
+    supports = lambda **kw: module.supports(Invocation.create("recurrent", {**base, **kw}, "cpu"))  # noqa: E731
+    assert supports(g=sds((1, 2, H), jnp.float32), reverse=True) is None
     assert "g_v" in supports(g_v=sds((1, 2, H, V), jnp.float32))
-    assert "reverse" in supports(reverse=True)
+    assert "g_k dtype int32 is not supported" in supports(g_k=sds((1, 2, H, K), jnp.int32))
     (q, k, v), _, _ = _one_head_inputs(2)
-    with pytest.raises(ValueError, match="reverse"):
-        recurrent_module.recurrent(q, k, v, reverse=True)
+    with pytest.raises(ValueError, match="g_v"):
+        module.recurrent(q, k, v, g_v=jnp.zeros_like(v))
 
 
 def test_vmap_folds_into_one_launch(monkeypatch):
@@ -251,6 +255,6 @@ def test_params_and_registration_above_xla_on_gpus():
         if "xla" in gpu and op in ("gla", "gated_delta_rule"):
             assert gpu["triton"] > gpu["xla"], gpu  # checked and timed on an H200: decode steps go to it
         elif "xla" in gpu:
-            assert gpu["triton"] < gpu["xla"], gpu  # not yet run on a GPU: never the default
+            assert gpu["triton"] < gpu["xla"], gpu  # slower than XLA on an H200 (lightning decode): not the default
         cpu = {i.name: i.priority for i in kernel_registry.implementations(op, backend="cpu")}
         assert cpu["triton_interpret"] == 1

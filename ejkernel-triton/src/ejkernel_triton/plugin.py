@@ -2,7 +2,7 @@
 
 Registers the Triton kernels for GPUs (flash attention, the attention block, the serving decode kernels, the
 grouped matmul, the fused recurrent ``gla``/``gated_delta_rule``/``lightning_attn``/``recurrent``, the chunked
-``gla``, the ``multi_head_latent_attention`` decode kernel). With ``EJKERNEL_TRITON_INTERPRET=1`` it also registers
+``gla``/``lightning_attn``/``recurrent``, the ``multi_head_latent_attention`` decode kernel). With ``EJKERNEL_TRITON_INTERPRET=1`` it also registers
 them for the CPU, where the same kernels run in Triton's interpreter: that is for tests only (slow), and the
 variable must be set before anything imports ``triton`` (see ``ejkernel_triton.launch``).
 
@@ -76,6 +76,7 @@ def _register(registry, backend: str, priority: int, name: str, op: str, module:
 
 
 _DECODE, _RECURRENT = "ejkernel_triton._decode", "ejkernel_triton._recurrent"
+_CHUNK_FWD, _CHUNK_BWD = "ejkernel_triton.gla.chunk:ChunkFwdParams", "ejkernel_triton.gla.chunk:ChunkBwdParams"
 # The fused recurrent decode kernels (ejkernel_triton._recurrent): above the XLA implementation (10) on GPUs. Checked
 # on an H200 (conformance GPU tier, gradients included) and timed there (2026-12-02, B64 T1 H16 K=V=128 bf16 with
 # a float32 state: gated_delta_rule 3.28 TB/s against XLA's 1.99 and a Triton copy of the state's 2.90). They
@@ -84,10 +85,13 @@ _RECURRENT_GPU_PRIORITY = 110
 # The chunked ``gla`` kernels (ejkernel_triton.gla.chunk), forward and backward: below the XLA implementation (10) on
 # GPUs. Correct on an H200 (forward, final state and every gradient, dense and packed, bf16 and f32:
 # benchmarks/gpucheck/gla_chunk.py), but at B4 T4096 H16 K=V=128 bf16 their forward+backward took 9.7 ms against
-# XLA's 7.7 (forward alone 2.0 against 3.0): raise this above 10 once the backward is faster.
+# XLA's 7.7 (forward alone 2.0 against 3.0): raise this above 10 once the backward is faster. lightning_attn and
+# recurrent on them (added 2026-12-03, not yet run on a GPU) take the same priority.
 _CHUNK_GPU_PRIORITY = 5
-# Kernels not yet run on a GPU: registered (a user can pick them with platform=), never the default.
-_UNCHECKED_GPU_PRIORITY = 5
+# lightning_attn/recurrent decode on gla's fused kernel: below XLA on GPUs. Their GPU tier passed on an H200
+# (2026-12-03), but lightning's decode step read 3.08 TB/s against XLA's 3.43 (B64 H16 K=V=128, float32 state): the
+# kernel also reads the per-head decay broadcast to a [B, T, H, K] float32 gate, which XLA fuses away.
+_FOLDED_DECODE_GPU_PRIORITY = 5
 # The split-K decode kernel of ``multi_head_latent_attention``: above XLA on GPUs. Its output was checked against the
 # reference on an H200 and it read 0.36 TB/s at DeepSeek-V3 dims (B64 x 4096, H128) against XLA's 0.085 (2026-12-03;
 # far from a copy's 3.95: see BENCHMARKS.md). Its backward is the reference's VJP.
@@ -110,14 +114,16 @@ _KERNELS = (
     ("gated_delta_rule", "gated_delta_rule", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams",
      _RECURRENT_GPU_PRIORITY, ""),
     # lightning_attn and recurrent (without a value gate) decode on gla's kernel, their gates folded into its key-side
-    # log decay (a broadcast in XLA before the launch). Below XLA until they have run on a GPU (added 2026-12-03
-    # without GPU time left): raise to _RECURRENT_GPU_PRIORITY once their GPU tier passes and lightning-decode is timed.
+    # log decay (ejkernel_triton._gates).
     ("lightning_attn", "lightning_attn", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams",
-     _UNCHECKED_GPU_PRIORITY, ""),
+     _FOLDED_DECODE_GPU_PRIORITY, ""),
     ("recurrent", "recurrent", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams",
-     _UNCHECKED_GPU_PRIORITY, ""),
-    ("gla", "gla.chunk", "ejkernel_triton.gla.chunk:ChunkFwdParams", "ejkernel_triton.gla.chunk:ChunkBwdParams",
-     _CHUNK_GPU_PRIORITY, "_chunk"),
+     _FOLDED_DECODE_GPU_PRIORITY, ""),
+    # The chunked kernels (training shapes); lightning_attn and recurrent (no value gate) on gla's, their gates
+    # folded as for decoding.
+    ("gla", "gla.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
+    ("lightning_attn", "lightning_attn.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
+    ("recurrent", "recurrent.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     ("multi_head_latent_attention", "multi_head_latent_attention",
      "ejkernel_triton.multi_head_latent_attention:MlaDecodeParams",
      "ejkernel_triton.multi_head_latent_attention:MlaBwdParams", _MLA_GPU_PRIORITY, ""),

@@ -196,18 +196,20 @@ def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[
 
 
 def supports(inv: Any) -> str | None:
-    """None when the chunked kernels serve the call, else why not: dtypes other than float32, bfloat16 and float16,
-    or head dims above 256. Any length is served (a decode step is one partly filled chunk)."""
+    """None when the chunked kernels serve the call (of ``gla``, or of an op run on them: ``lightning_attn``,
+    ``recurrent``), else why not: dtypes other than float32, bfloat16 and float16, or head dims above 256. Any length
+    is served (a decode step is one partly filled chunk)."""
     args = _arguments(inv)
-    for name in ("q", "g", "initial_state"):
+    op = getattr(inv, "op", OP)
+    for name in ("q", "g", "g_k", "initial_state"):
         x = args.get(name)
         if x is not None and np.dtype(x.dtype).name not in _DTYPES:
-            return f"ejkernel-triton {OP} (chunked): {name} dtype {np.dtype(x.dtype).name} is not supported ({', '.join(_DTYPES)})"
+            return f"ejkernel-triton {op} (chunked): {name} dtype {np.dtype(x.dtype).name} is not supported ({', '.join(_DTYPES)})"
     dk, dv = int(args["q"].shape[-1]), int(args["v"].shape[-1])
     if not (1 <= dk <= _MAX_HEAD_DIM and 1 <= dv <= _MAX_HEAD_DIM):
-        return f"ejkernel-triton {OP} (chunked): head dims from 1 to {_MAX_HEAD_DIM} are supported, got K={dk}, V={dv}"
+        return f"ejkernel-triton {op} (chunked): head dims from 1 to {_MAX_HEAD_DIM} are supported, got K={dk}, V={dv}"
     if importlib.util.find_spec("triton") is None:  # find, don't import: see ejkernel_triton.launch
-        return f"ejkernel-triton {OP} (chunked): triton is not installed"
+        return f"ejkernel-triton {op} (chunked): triton is not installed"
     return None
 
 

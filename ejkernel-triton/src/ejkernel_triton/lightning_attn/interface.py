@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
+from ejkernel_triton._gates import call_gla, slope_log_decay
 from ejkernel_triton._recurrent import NoBwdParams, RecurrentParams, supports_recurrent
 from ejkernel_triton.gla.interface import candidate_cfgs, gla, heuristic_cfg
 
@@ -40,13 +40,12 @@ def lightning_attn(
 
     Shapes: ``q``, ``k``, ``v [B, T, H, K|V]``, ``slope [H]``, ``initial_state [B or N, H, K, V]``, ``cu_seqlens
     [N + 1]``; returns ``(o [B, T, H, V] in q's dtype, final state float32 or None)``."""
-    b, t, h, dk = jnp.shape(q)
-    log_decay = jnp.broadcast_to(-jnp.asarray(slope).astype(jnp.float32)[:, None], (b, t, h, dk))
-    return gla(
+    return call_gla(
+        gla,
         q,
         k,
         v,
-        log_decay,
+        slope_log_decay(q, slope),
         scale=scale,
         initial_state=initial_state,
         output_final_state=output_final_state,

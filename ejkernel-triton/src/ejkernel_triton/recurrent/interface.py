@@ -2,8 +2,8 @@
 key gate ``g_k [B, T, H, K]`` added into one key-side log decay (``S_t = diag(exp(g_t + g_k,t)) S_{t-1} + k_t^T
 v_t``).
 
-Declined (``supports``): a value gate ``g_v`` and ``reverse`` (the kernel decays the key side and visits tokens in
-order), besides what the Triton ``gla`` declines. Launch parameters and gradients (the VJP of the core's reference
+``reverse`` runs the flipped sequence (``ejkernel_triton._gates``). Declined (``supports``): a value gate ``g_v``
+(the kernel decays the key side), besides what the Triton ``gla`` declines. Launch parameters and gradients (the VJP of the core's reference
 recurrence) are the Triton ``gla``'s (``ejkernel_triton.gla.interface``). Importing this module does not import
 Triton.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 
+from ejkernel_triton._gates import call_gla, recurrent_log_decay
 from ejkernel_triton._recurrent import NoBwdParams, RecurrentParams, arguments, supports_recurrent
 from ejkernel_triton.gla.interface import candidate_cfgs, gla, heuristic_cfg
 
@@ -25,8 +25,6 @@ def supports(inv: Any) -> str | None:
     args = arguments(inv)
     if args.get("g_v") is not None:
         return "ejkernel-triton recurrent: a value gate g_v is not supported (the fused kernel decays the key side)"
-    if args.get("reverse"):
-        return "ejkernel-triton recurrent: reverse=True is not supported (the fused kernel visits tokens in order)"
     return supports_recurrent("recurrent", inv, ("g", "g_k"))
 
 
@@ -51,18 +49,15 @@ def recurrent(
     Shapes: ``q``, ``k``, ``v [B, T, H, K|V]``, ``g [B, T, H]``, ``g_k [B, T, H, K]``, ``initial_state
     [B or N, H, K, V]``, ``cu_seqlens [N + 1]``; returns ``(o [B, T, H, V] in q's dtype, final state float32 or
     None)``."""
-    if g_v is not None or reverse:  # what supports() declines, when called directly
-        raise ValueError(f"ejkernel-triton recurrent: {'g_v' if g_v is not None else 'reverse=True'} is not supported")
-    log_decay = jnp.zeros(jnp.shape(q), jnp.float32)
-    if g is not None:
-        log_decay = log_decay + jnp.asarray(g).astype(jnp.float32)[..., None]
-    if g_k is not None:
-        log_decay = log_decay + jnp.asarray(g_k).astype(jnp.float32)
-    return gla(
+    if g_v is not None:  # what supports() declines, when called directly
+        raise ValueError("ejkernel-triton recurrent: a value gate g_v is not supported")
+    return call_gla(
+        gla,
         q,
         k,
         v,
-        log_decay,
+        recurrent_log_decay(q, g, g_k),
+        reverse=reverse,
         scale=scale,
         initial_state=initial_state,
         output_final_state=output_final_state,

@@ -1,0 +1,58 @@
+"""``lightning_attn`` and ``recurrent`` on the ``gla`` kernels (fused recurrent or chunked): their gates become
+``gla``'s key-side log decay, and ``reverse`` becomes a flip of the time axis.
+
+``recurrent``'s ``S_t = exp(g_t) diag(exp(g_k,t)) S_{t-1} + k_t^T v_t`` is ``gla`` with ``g_t + g_k,t`` as its
+per-key log decay, and ``lightning_attn``'s per-head decay ``exp(-slope[h])`` is ``gla`` with ``-slope[h]`` on
+every key channel. ``reverse=True`` visits tokens from last to first with the same per-token decay, so it is the
+forward recurrence of the flipped sequence: packed sequences (``cu_seqlens``) are flipped as a whole (their order
+reverses, so the initial and final states' rows are flipped too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+
+def slope_log_decay(q: jax.Array, slope: jax.Array) -> jax.Array:
+    """``-slope[h]`` broadcast to ``[B, T, H, K]`` float32 (``q [B, T, H, K]``, ``slope [H]``)."""
+    return jnp.broadcast_to(-jnp.asarray(slope).astype(jnp.float32)[:, None], jnp.shape(q))
+
+
+def recurrent_log_decay(q: jax.Array, g: jax.Array | None, g_k: jax.Array | None) -> jax.Array:
+    """``g[..., None] + g_k`` as ``[B, T, H, K]`` float32 (zeros for absent gates)."""
+    out = jnp.zeros(jnp.shape(q), jnp.float32)
+    if g is not None:
+        out = out + jnp.asarray(g).astype(jnp.float32)[..., None]
+    if g_k is not None:
+        out = out + jnp.asarray(g_k).astype(jnp.float32)
+    return out
+
+
+def call_gla(
+    gla: Callable[..., tuple[jax.Array, jax.Array | None]],
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    log_decay: jax.Array,
+    *,
+    reverse: bool = False,
+    initial_state: jax.Array | None = None,
+    cu_seqlens: jax.Array | None = None,
+    **options: Any,
+) -> tuple[jax.Array, jax.Array | None]:
+    """``gla(q, k, v, log_decay, ...)``, the tokens visited backwards when ``reverse`` (see the module)."""
+    if not reverse:
+        return gla(q, k, v, log_decay, initial_state=initial_state, cu_seqlens=cu_seqlens, **options)
+    q, k, v, log_decay = (jnp.flip(jnp.asarray(x), axis=1) for x in (q, k, v, log_decay))
+    packed = cu_seqlens is not None
+    if packed:
+        cu_seqlens = jnp.shape(q)[1] - jnp.flip(jnp.asarray(cu_seqlens))
+        initial_state = None if initial_state is None else jnp.flip(jnp.asarray(initial_state), axis=0)
+    o, final = gla(q, k, v, log_decay, initial_state=initial_state, cu_seqlens=cu_seqlens, **options)
+    if packed and final is not None:
+        final = jnp.flip(final, axis=0)
+    return jnp.flip(o, axis=1), final

@@ -1,0 +1,67 @@
+"""Triton ``recurrent`` for training shapes: the chunked ``gla`` kernels (``ejkernel_triton.gla.chunk``), the scalar
+gate ``g [B, T, H]`` and the key gate ``g_k [B, T, H, K]`` added into one key-side log decay, ``reverse`` as the
+flipped sequence (``ejkernel_triton._gates``).
+
+Declined (``supports``): a value gate ``g_v`` (the kernels decay the key side), besides what the chunked ``gla``
+declines. Launch parameters (:class:`~ejkernel_triton.gla.chunk.ChunkFwdParams`,
+:class:`~ejkernel_triton.gla.chunk.ChunkBwdParams`), the backward and its memory are the chunked ``gla``'s. Importing
+this module does not import Triton.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from ejkernel_triton._gates import call_gla, recurrent_log_decay
+from ejkernel_triton._recurrent import arguments
+from ejkernel_triton.gla import chunk
+from ejkernel_triton.gla.chunk import ChunkBwdParams, ChunkFwdParams, candidate_cfgs, heuristic_cfg
+
+__all__ = ["candidate_cfgs", "heuristic_cfg", "recurrent", "supports"]
+
+
+def supports(inv: Any) -> str | None:
+    if arguments(inv).get("g_v") is not None:
+        return "ejkernel-triton recurrent (chunked): a value gate g_v is not supported (the kernels decay the key side)"
+    return chunk.supports(inv)
+
+
+def recurrent(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array | None = None,
+    g_k: jax.Array | None = None,
+    g_v: jax.Array | None = None,
+    *,
+    scale: float | None = None,
+    initial_state: jax.Array | None = None,
+    output_final_state: bool = False,
+    reverse: bool = False,
+    cu_seqlens: jax.Array | None = None,
+    fwd_params: ChunkFwdParams | None = None,
+    bwd_params: ChunkBwdParams | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """The gated linear recurrence (contract: ``ejkernel.modules.operations.recurrent``) without a value gate.
+
+    Shapes: ``q``, ``k``, ``v [B, T, H, K|V]``, ``g [B, T, H]``, ``g_k [B, T, H, K]``, ``initial_state
+    [B or N, H, K, V]``, ``cu_seqlens [N + 1]``; returns ``(o [B, T, H, V] in q's dtype, final state float32 or
+    None)``."""
+    if g_v is not None:  # what supports() declines, when called directly
+        raise ValueError("ejkernel-triton recurrent (chunked): a value gate g_v is not supported")
+    return call_gla(
+        chunk.gla,
+        q,
+        k,
+        v,
+        recurrent_log_decay(q, g, g_k),
+        reverse=reverse,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+        fwd_params=fwd_params,
+        bwd_params=bwd_params,
+    )
