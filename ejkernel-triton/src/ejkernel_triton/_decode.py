@@ -47,6 +47,7 @@ _MIN_BLOCKS_PER_SPLIT = 4  # below this a split's fixed cost (the query load, th
 _MAX_SPLITS = 128
 _MAX_HEAD_DIM = 256
 _DTYPES = ("float32", "bfloat16", "float16")
+_CACHE_DTYPES = (*_DTYPES, "float8_e4m3fn", "float8_e5m2")  # a float8 cache is read as is, converted in registers
 
 
 def _check_count(params: Any, name: str, *, zero: bool = False, power_of_two: bool = False) -> None:
@@ -220,10 +221,14 @@ def arguments(invocation: Any) -> Mapping[str, Any]:
 
 def supports_decode(op: str, query: Any, key: Any, value: Any) -> str | None:
     """None when the decode kernel can run these arrays, else why not."""
-    for name, x in (("query", query), ("key cache", key), ("value cache", value)):
+    for name, x, allowed in (
+        ("query", query, _DTYPES),
+        ("key cache", key, _CACHE_DTYPES),
+        ("value cache", value, _CACHE_DTYPES),
+    ):
         dt = np.dtype(x.dtype)
-        if dt.name not in _DTYPES:
-            return f"ejkernel-triton {op}: {name} dtype {dt.name} is not supported ({', '.join(_DTYPES)})"
+        if dt.name not in allowed:
+            return f"ejkernel-triton {op}: {name} dtype {dt.name} is not supported ({', '.join(allowed)})"
     d, dv = int(query.shape[-1]), int(value.shape[-1])
     if not (1 <= d <= _MAX_HEAD_DIM and 1 <= dv <= _MAX_HEAD_DIM):
         return f"ejkernel-triton {op}: head dims from 1 to {_MAX_HEAD_DIM} are supported, got D={d}, Dv={dv}"

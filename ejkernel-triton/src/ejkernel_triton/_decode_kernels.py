@@ -101,9 +101,9 @@ def split_kv_decode(
         ok = (tokens >= lo) & (tokens < k_stop)
         rows = _token_rows(Tables, i_n64, tokens, ok, M, S, P, PAGE, PAGED)  # [BN] int64
         p_k = K + rows[:, None] * (KH * D) + i_kh * D + offs_d[None, :]
-        b_k = tl.load(p_k, mask=ok[:, None] & (offs_d < D)[None, :], other=0.0)  # [BN, BD]
+        b_k = tl.load(p_k, mask=ok[:, None] & (offs_d < D)[None, :], other=0.0).to(b_q.dtype)  # [BN, BD]; float8 too
         p_v = V + rows[:, None] * (KH * DV) + i_kh * DV + offs_dv[None, :]
-        b_v = tl.load(p_v, mask=ok[:, None] & (offs_dv < DV)[None, :], other=0.0)  # [BN, BDV]
+        b_v = tl.load(p_v, mask=ok[:, None] & (offs_dv < DV)[None, :], other=0.0).to(b_q.dtype)  # [BN, BDV]
         b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_H, BLOCK_N], tl.float32))  # [BH, BN]
         if HAS_SOFTCAP:
             b_s = softcap * tanh(b_qk * sm_scale / softcap) * LOG2E

@@ -162,6 +162,7 @@ def update(o: Options, state: Any, q: jax.Array, k: jax.Array, v: jax.Array, all
     row admits; ``key_ok [C, bk]``: which positions hold keys at all (the values elsewhere are zeroed).
     """
     m, l, acc = state
+    k, v = k.astype(q.dtype), v.astype(q.dtype)  # a float8 cache: its block in the query's dtype
     s = jnp.einsum("ckgrd,cskd->ckgrs", q, k, preferred_element_type=F32) * F32(o.scale)
     if o.soft_cap is not None:
         s = F32(o.soft_cap) * jnp.tanh(s / F32(o.soft_cap))

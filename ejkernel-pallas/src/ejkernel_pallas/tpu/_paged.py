@@ -69,10 +69,15 @@ MAX_PAGES_PER_BLOCK = 16  # one block spec (one DMA per step) per page: the kern
 
 
 def supports(inv: Any) -> str | None:
-    """``None`` when these kernels serve ``inv``, else the reason they do not (the dtype is all they decline)."""
+    """``None`` when these kernels serve ``inv``, else the reason they do not (the dtypes are all they decline:
+    float16, and a float8 cache)."""
     dtype = str(np.dtype(inv.arguments["query"].dtype))
     if dtype not in SUPPORTED_DTYPES:
         return f"dtype {dtype} (Mosaic TPU kernels take float32 or bfloat16)"
+    for name in ("key_cache", "key"):
+        cache = inv.arguments.get(name)
+        if cache is not None and str(np.dtype(cache.dtype)) != dtype:
+            return f"{name} dtype {np.dtype(cache.dtype)}: a float8 cache is not supported (the query is {dtype})"
     return None
 
 

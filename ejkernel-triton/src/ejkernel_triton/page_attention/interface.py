@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.kernels.params import coerce
-from ejkernel.kernels.signatures._serving import refuse_gradients
+from ejkernel.kernels.signatures._serving import fold_cache_scales, refuse_gradients
 
 from ejkernel_triton._decode import (
     ForwardOnly,
@@ -116,6 +116,8 @@ def page_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     fwd_params: PagedDecodeParams | None = None,
     bwd_params: ForwardOnly | None = None,
 ) -> jax.Array:
@@ -124,6 +126,7 @@ def page_attention(
     Shapes: ``query [N, H, D]``, ``key_cache [P, page, K, D]``, ``value_cache [P, page, K, Dv]``,
     ``context_lens [N]``, ``block_tables [N, M]``; returns ``[N, H, Dv]`` in ``query``'s dtype."""
     query, key_cache, value_cache = refuse_gradients(OP, query, key_cache, value_cache)
+    query, softmax_scale, finish = fold_cache_scales(query, k_scale, v_scale, softmax_scale)
     n, h, d = query.shape
     page, kh = int(key_cache.shape[1]), int(key_cache.shape[2])
     m = int(block_tables.shape[1])
@@ -131,7 +134,7 @@ def page_attention(
     plan = _plan(n, kh, m * page, d, int(value_cache.shape[-1]), int(np.dtype(query.dtype).itemsize), page, p)
     hi = jnp.clip(jnp.asarray(context_lens).astype(jnp.int32), 0, m * page)
     lo = jnp.zeros_like(hi) if sliding_window is None else jnp.maximum(hi - int(sliding_window), 0)
-    return decode(
+    out = decode(
         plan,
         query,
         key_cache,
@@ -143,3 +146,4 @@ def page_attention(
         scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
         softcap=None if logits_soft_cap is None else float(logits_soft_cap),
     )
+    return finish(out)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.kernels.params import coerce
-from ejkernel.kernels.signatures._serving import refuse_gradients
+from ejkernel.kernels.signatures._serving import fold_cache_scales, refuse_gradients
 
 from ejkernel_triton._decode import (
     DenseDecodeParams,
@@ -76,6 +76,8 @@ def ragged_decode_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     fwd_params: DenseDecodeParams | None = None,
     bwd_params: ForwardOnly | None = None,
 ) -> jax.Array:
@@ -84,6 +86,7 @@ def ragged_decode_attention(
     Shapes: ``query [B, H, D]``, ``key [B, S, K, D]``, ``value [B, S, K, Dv]``, ``sequence_start``/
     ``sequence_end [B]``; returns ``[B, H, Dv]`` in ``query``'s dtype."""
     query, key, value = refuse_gradients(OP, query, key, value)
+    query, softmax_scale, finish = fold_cache_scales(query, k_scale, v_scale, softmax_scale)
     b, h, d = query.shape
     s, kh = int(key.shape[1]), int(key.shape[2])
     p = coerce(DenseDecodeParams, fwd_params) or DenseDecodeParams()
@@ -103,7 +106,7 @@ def ragged_decode_attention(
     hi = jnp.maximum(jnp.clip(jnp.asarray(sequence_end).astype(jnp.int32), 0, s), lo)
     if sliding_window is not None:
         lo = jnp.maximum(lo, hi - int(sliding_window))
-    return decode(
+    out = decode(
         plan,
         query,
         key,
@@ -115,3 +118,4 @@ def ragged_decode_attention(
         scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
         softcap=None if logits_soft_cap is None else float(logits_soft_cap),
     )
+    return finish(out)

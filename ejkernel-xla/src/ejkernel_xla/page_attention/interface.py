@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures._serving import refuse_gradients
+from ejkernel.kernels.signatures._serving import fold_cache_scales, refuse_gradients
 
 from ejkernel_xla._paged import Budget, budget_for, candidate_blocks, choose_blocks, chunk_for, options, paged_items
 from ejkernel_xla.params import NoParams, PagedParams, coerce
@@ -57,11 +57,14 @@ def page_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     fwd_params: PagedParams | None = None,
     bwd_params: NoParams | None = None,
 ) -> jax.Array:
     """Paged decode attention (contract: ``ejkernel.modules.operations.page_attention``)."""
     query, key_cache, value_cache = refuse_gradients(OP, query, key_cache, value_cache)
+    query, softmax_scale, finish = fold_cache_scales(query, k_scale, v_scale, softmax_scale)
     n, h, d = query.shape
     _, page, kh, _ = key_cache.shape
     m, e = block_tables.shape[1], max(d, value_cache.shape[-1])
@@ -85,7 +88,7 @@ def page_attention(
         kv_tokens=bk,
         chunk=c,
     )
-    return out[:, 0]
+    return finish(out[:, 0])
 
 
 __all__ = ["candidate_cfgs", "heuristic_cfg", "page_attention"]

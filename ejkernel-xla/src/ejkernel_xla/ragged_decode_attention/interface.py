@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures._serving import refuse_gradients
+from ejkernel.kernels.signatures._serving import fold_cache_scales, refuse_gradients
 
 from ejkernel_xla._paged import Budget, budget_for, candidate_blocks, choose_blocks, chunk_for, options, ragged_dense
 from ejkernel_xla.params import NoParams, RaggedDecodeParams, coerce
@@ -58,11 +58,14 @@ def ragged_decode_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     fwd_params: RaggedDecodeParams | None = None,
     bwd_params: NoParams | None = None,
 ) -> jax.Array:
     """Ragged decode attention (contract: ``ejkernel.modules.operations.ragged_decode_attention``)."""
     query, key, value = refuse_gradients(OP, query, key, value)
+    query, softmax_scale, finish = fold_cache_scales(query, k_scale, v_scale, softmax_scale)
     b, h, d = query.shape
     s, kh, e = key.shape[1], key.shape[2], max(d, value.shape[-1])
     budget = budget_for(None)
@@ -73,7 +76,7 @@ def ragged_decode_attention(
         c = chunk_for(bk, b, 1, h, kh, e, budget)
     if p.rows_per_chunk is not None:
         c = p.rows_per_chunk
-    return ragged_dense(
+    out = ragged_dense(
         options(d, softmax_scale, logits_soft_cap, sliding_window),
         query,
         key,
@@ -83,6 +86,7 @@ def ragged_decode_attention(
         kv_tokens=bk,
         chunk=c,
     )
+    return finish(out)
 
 
 __all__ = ["candidate_cfgs", "heuristic_cfg", "ragged_decode_attention"]

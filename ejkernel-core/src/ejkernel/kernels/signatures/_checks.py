@@ -23,6 +23,7 @@ import numpy as np
 ArrayIn = jax.Array | np.ndarray
 
 FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+FP8_DTYPES = ("float8_e4m3fn", "float8_e5m2")  # what a quantized key/value cache may hold (serving ops)
 QKV_LAYOUTS = ("[B, T, H, D]", "[B, S, K, D]", "[B, S, K, Dv]")
 
 
@@ -104,15 +105,26 @@ def check_query_key_value(
     layouts: tuple[str, str, str] = QKV_LAYOUTS,
     names: tuple[str, str, str] = ("query", "key", "value"),
     same_batch: bool = True,
+    quantized_kv: bool = False,
 ) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Attention's query, key and value: float arrays of one dtype whose heads and head dims agree.
+
+    With ``quantized_kv``, key and value may instead share a float8 dtype (``FP8_DTYPES``: a quantized cache).
 
     The last two axes of ``query`` and ``key`` are (heads, head dim); ``value`` is ``key`` with its own
     last dim. With ``same_batch`` the first axis of all three is the batch. Returns the shapes of
     ``query`` and ``key``.
     """
-    q, k, v = (check_float_array(op, n, x, lay) for n, x, lay in zip(names, (query, key, value), layouts))
-    check_same_dtype(op, dict(zip(names, (query, key, value))))
+    q = check_float_array(op, names[0], query, layouts[0])
+    if quantized_kv and FP8_DTYPES.count(dtype_name(key)) + FP8_DTYPES.count(dtype_name(value)):  # a float8 cache
+        k, v = shape(key), shape(value)
+        for name, x, layout in zip(names[1:], (key, value), layouts[1:]):
+            if len(shape(x)) != len(_axes(layout)):
+                raise ValueError(f"{op}: {name} must be {len(_axes(layout))}-D {layout}, got {describe(x)}")
+        check_same_dtype(op, dict(zip(names[1:], (key, value))))
+    else:
+        k, v = (check_float_array(op, n, x, lay) for n, x, lay in zip(names[1:], (key, value), layouts[1:]))
+        check_same_dtype(op, dict(zip(names, (query, key, value))))
     if same_batch and not q[0] == k[0] == v[0]:
         raise ValueError(f"{op}: batch sizes differ: {names[0]} {q[0]}, {names[1]} {k[0]}, {names[2]} {v[0]}")
     if k[-1] != q[-1]:

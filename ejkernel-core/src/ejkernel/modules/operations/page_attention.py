@@ -19,7 +19,10 @@ Semantics, for sequence ``n`` with ``L = context_lens[n]`` (``0 <= L <= M * page
 Entries of ``block_tables[n]`` past the first ``ceil(L / page)`` are never read and may hold anything
 (``-1``, a stale page, out of range); the entries that are read must be in ``[0, P)``. Cache contents at
 positions ``>= L`` (the rest of the last page) never change the output, whatever they hold, NaN included.
-``query``, ``key_cache`` and ``value_cache`` share one float dtype.
+``query``, ``key_cache`` and ``value_cache`` share one float dtype, or the cache is float8 (``float8_e4m3fn`` or
+``float8_e5m2``, both alike: a quantized cache, as serving engines keep it): key ``j`` is then
+``k_scale * key_cache[..j..]`` in float32 and its value ``v_scale * value_cache[..j..]``, each scale a positive float
+(per tensor) or a float array ``[K]`` (per kv head); None is 1, and scales apply to any cache dtype.
 
 Concrete ``context_lens`` and ``block_tables`` are checked: a length outside ``[0, M * page]`` or a read entry
 outside ``[0, P)`` raises ``ValueError``. Under ``jit`` they are traced and unchecked unless ``EJKERNEL_CHECKS=1``
@@ -44,6 +47,7 @@ from jaxtyping import Array, Float, Int
 
 from ejkernel.kernels.signatures._checks import ArrayIn, check_pages, check_values, shape
 from ejkernel.kernels.signatures._serving import (
+    check_cache_scales,
     check_int,
     check_options,
     check_paged_cache,
@@ -69,6 +73,8 @@ def validate(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     **_: Any,
 ) -> None:
     """Check a ``page_attention`` call; raise an error naming the argument, what was expected and what came."""
@@ -77,6 +83,7 @@ def validate(
     if check_int(OP, "block_tables", block_tables, (n, None), "[N, M]")[1] == 0:
         raise ValueError(f"{OP}: block_tables needs at least one column (M >= 1), got shape {list(block_tables.shape)}")
     check_options(OP, softmax_scale, logits_soft_cap, sliding_window)
+    check_cache_scales(OP, shape(key_cache)[2], k_scale=k_scale, v_scale=v_scale)
     num_pages, page = shape(key_cache)[:2]
     check_values(
         lambda lens, tables: check_pages(OP, "block_tables", tables, "context_lens", lens, page, num_pages),
@@ -122,6 +129,8 @@ def page_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: float | Float[ArrayIn, ""] | Float[ArrayIn, "K"] | None = None,
+    v_scale: float | Float[ArrayIn, ""] | Float[ArrayIn, "K"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: PageAttentionConfig | None = None,
@@ -145,6 +154,9 @@ def page_attention(
         softmax_scale: scale of the scores, default ``D ** -0.5``.
         logits_soft_cap: ``cap * tanh(scores / cap)``.
         sliding_window: ``W``: attend only the last ``W`` positions (``L - W <= j < L``).
+        k_scale: the keys' dequantization scale: a positive float, or a float array ``[K]`` (per kv head); the
+            key is ``k_scale * key_cache`` in float32 (a float8 cache). Default 1.
+        v_scale: the values' scale, likewise.
         platform: restrict to one kernel platform (``"xla"``, ``"pallas"``, ...); default: any.
         backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
         cfg: a ``PageAttentionConfig`` that overrides the config chain (never cached).
@@ -170,14 +182,20 @@ def page_attention(
     ((3, 8, 64), True)
     """
     query, key_cache, value_cache = refuse_gradients("page_attention", query, key_cache, value_cache)
-    arrays = {
+    arrays: dict[str, Any] = {
         "query": query,
         "key_cache": key_cache,
         "value_cache": value_cache,
         "context_lens": context_lens,
         "block_tables": block_tables,
     }
-    options = {"softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "sliding_window": sliding_window}
+    options: dict[str, Any] = {
+        "softmax_scale": softmax_scale,
+        "logits_soft_cap": logits_soft_cap,
+        "sliding_window": sliding_window,
+    }
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):  # an array scale is traced, a float static
+        (arrays if hasattr(x, "dtype") else options)[name] = x
     return dispatch(
         _kernel,
         arrays,

@@ -14,7 +14,10 @@ Semantics, for batch row ``b`` with ``lo = max(sequence_start[b], 0)`` and ``hi 
 4. an empty range (``hi <= lo``) gives zeros (never NaN).
 
 Keys and values outside ``[lo, hi)`` never change the output, whatever they hold, NaN included.
-``query``, ``key`` and ``value`` share one float dtype.
+``query``, ``key`` and ``value`` share one float dtype, or the cache is float8 (``float8_e4m3fn`` or
+``float8_e5m2``, both alike: a quantized cache, as serving engines keep it): key ``j`` is then
+``k_scale * key[..j..]`` in float32 and its value ``v_scale * value[..j..]``, each scale a positive float
+(per tensor) or a float array ``[K]`` (per kv head); None is 1, and scales apply to any cache dtype.
 
 Not differentiable: differentiating a call raises ``TypeError`` (inputs under ``jax.lax.stop_gradient`` pass).
 
@@ -32,8 +35,14 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, Int
 
-from ejkernel.kernels.signatures._checks import ArrayIn, check_query_key_value
-from ejkernel.kernels.signatures._serving import check_int, check_options, normalize_options, refuse_gradients
+from ejkernel.kernels.signatures._checks import ArrayIn, check_query_key_value, shape
+from ejkernel.kernels.signatures._serving import (
+    check_cache_scales,
+    check_int,
+    check_options,
+    normalize_options,
+    refuse_gradients,
+)
 from ejkernel.modules.operations._dispatch import dispatch
 from ejkernel.modules.operations._empty import attention_zeros
 from ejkernel.modules.operations._typecheck import checked
@@ -53,13 +62,17 @@ def validate(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     **_: Any,
 ) -> None:
     """Check a ``ragged_decode_attention`` call; raise an error naming the argument, what was expected and what came."""
-    b = check_query_key_value(OP, query, key, value, layouts=("[B, H, D]", "[B, S, K, D]", "[B, S, K, Dv]"))[0][0]
+    layouts = ("[B, H, D]", "[B, S, K, D]", "[B, S, K, Dv]")
+    b = check_query_key_value(OP, query, key, value, layouts=layouts, quantized_kv=True)[0][0]
     check_int(OP, "sequence_start", sequence_start, (b,), "[B]")
     check_int(OP, "sequence_end", sequence_end, (b,), "[B]")
     check_options(OP, softmax_scale, logits_soft_cap, sliding_window)
+    check_cache_scales(OP, shape(key)[2], k_scale=k_scale, v_scale=v_scale)
 
 
 class RaggedDecodeAttention(Kernel[RaggedDecodeAttentionConfig]):
@@ -97,6 +110,8 @@ def ragged_decode_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: float | Float[ArrayIn, ""] | Float[ArrayIn, "K"] | None = None,
+    v_scale: float | Float[ArrayIn, ""] | Float[ArrayIn, "K"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: RaggedDecodeAttentionConfig | None = None,
@@ -118,6 +133,9 @@ def ragged_decode_attention(
         softmax_scale: scale of the scores, default ``D ** -0.5``.
         logits_soft_cap: ``cap * tanh(scores / cap)``.
         sliding_window: ``W``: attend only the last ``W`` positions (``end - W <= j < end``).
+        k_scale: the keys' dequantization scale: a positive float, or a float array ``[K]`` (per kv head); the
+            key is ``k_scale * key`` in float32 (a float8 cache). Default 1.
+        v_scale: the values' scale, likewise.
         platform: restrict to one kernel platform (``"xla"``, ``"pallas"``, ...); default: any.
         backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
         cfg: a ``RaggedDecodeAttentionConfig`` that overrides the config chain (never cached).
@@ -142,14 +160,20 @@ def ragged_decode_attention(
     ((3, 8, 64), True)
     """
     query, key, value = refuse_gradients("ragged_decode_attention", query, key, value)
-    arrays = {
+    arrays: dict[str, Any] = {
         "query": query,
         "key": key,
         "value": value,
         "sequence_start": sequence_start,
         "sequence_end": sequence_end,
     }
-    options = {"softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "sliding_window": sliding_window}
+    options: dict[str, Any] = {
+        "softmax_scale": softmax_scale,
+        "logits_soft_cap": logits_soft_cap,
+        "sliding_window": sliding_window,
+    }
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):  # an array scale is traced, a float static
+        (arrays if hasattr(x, "dtype") else options)[name] = x
     return dispatch(
         _kernel,
         arrays,

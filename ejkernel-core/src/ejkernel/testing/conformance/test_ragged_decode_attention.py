@@ -120,6 +120,43 @@ def check_case(impl: Any, case: Case, dtype: str) -> None:
     assert np.all(np.asarray(out, np.float32)[empty_rows(case)] == 0), f"empty ranges must give zeros (seed {seed})"
 
 
+# Float8 caches and their scales: (query dtype, cache dtype, k_scale, v_scale), a scale a float (per tensor) or a
+# tuple (per kv head, as an array); the reference dequantizes the same float8 values in float32.
+FP8_CASES = [
+    pytest.param("bfloat16", "float8_e4m3fn", 0.5, 2.0, id="bf16-e4m3-per_tensor"),
+    pytest.param("float32", "float8_e5m2", (0.5, 1.5), (2.0, 0.25), id="f32-e5m2-per_head"),
+    pytest.param("bfloat16", "bfloat16", (0.5, 1.5), 3.0, id="bf16-scales_only"),
+]
+
+
+def quantized(args: tuple[Any, ...], kwargs: dict[str, Any], cache_dtype: str, k_scale: Any, v_scale: Any) -> Any:
+    """``args`` with the caches cast to ``cache_dtype``, ``kwargs`` with the scales."""
+    scale = lambda s: jnp.asarray(s, jnp.float32) if isinstance(s, tuple) else s  # noqa: E731
+    cast = (args[0], args[1].astype(cache_dtype), args[2].astype(cache_dtype), *args[3:])
+    return cast, {**kwargs, "k_scale": scale(k_scale), "v_scale": scale(v_scale)}
+
+
+@pytest.mark.parametrize(("dtype", "cache_dtype", "k_scale", "v_scale"), FP8_CASES)
+def test_float8_cache_and_scales_match_reference(impl, dtype, cache_dtype, k_scale, v_scale):
+    check_quantized(impl, Case("fp8"), dtype, cache_dtype, k_scale, v_scale)
+
+
+def test_gpu_tier_float8_cache(impl, gpu_tier):
+    """A realistic decode step from an e4m3 cache with per-kv-head scales (8 kv heads)."""
+    check_quantized(impl, GPU_CASES[0], "bfloat16", "float8_e4m3fn", 0.5, tuple(0.25 * (i + 1) for i in range(8)))
+
+
+def check_quantized(impl: Any, case: Case, dtype: str, cache_dtype: str, k_scale: Any, v_scale: Any) -> None:
+    key, seed = fresh_key()
+    args, kwargs = make_inputs(case, dtype, key)[:2]
+    args, kwargs = quantized(args, kwargs, cache_dtype, k_scale, v_scale)
+    skip_if_unsupported(impl, args, kwargs)
+    out = jitted(lambda *a, **kw: call(impl, *a, **kw), **kwargs)(*args)
+    want = jitted(reference.ragged_decode_attention, **kwargs)(*args)
+    assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != query dtype {dtype}"
+    assert_close(out, want, FWD_RTOL[dtype], f"{case.name} {cache_dtype} cache", seed)
+
+
 def test_every_candidate_config_matches_reference(impl, tier):
     """Each launch configuration the implementation offers the autotuner: several chunks of rows and key blocks,
     the last shifted back to the cache's end."""
@@ -188,12 +225,17 @@ BAD_INPUTS = [
     ("value_length", _replace(2, lambda v: v[:, :4]), r"value must be \[B, S, K, Dv\]"),
     ("start_float", _replace(3, lambda x: x * 1.0), "sequence_start must be an integer array"),
     ("end_shape", _replace(4, lambda x: x[:1]), r"sequence_end must have shape \[B\] = \[2\]"),
+    ("fp8_value_only", _replace(2, lambda v: v.astype(jnp.float8_e5m2)), "key and value must share a dtype"),
 ]
 BAD_OPTIONS = [
     ("window_negative", {"sliding_window": -3}, "sliding_window must be an int >= 1"),
     ("window_bool", {"sliding_window": True}, "sliding_window must be an int >= 1"),
     ("soft_cap", {"logits_soft_cap": -2.0}, "logits_soft_cap must be a positive"),
     ("scale", {"softmax_scale": "0.5"}, "softmax_scale must be a Python float"),
+    ("k_scale_shape", {"k_scale": jnp.ones((2, 1))}, r"k_scale must have shape \[\] or \[K\] = \[2\]"),
+    ("k_scale_inf", {"k_scale": float("inf")}, "k_scale must be a positive finite"),
+    ("v_scale_negative", {"v_scale": jnp.array([1.0, -1.0])}, "v_scale must be > 0"),
+    ("v_scale_str", {"v_scale": "1"}, "v_scale must be a positive float"),
     ("unknown_option", {"causal": True}, "causal"),
 ]
 

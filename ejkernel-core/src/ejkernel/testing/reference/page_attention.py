@@ -21,6 +21,14 @@ def dense_pages(cache: jax.Array, block_tables: jax.Array) -> jax.Array:
     return cache[pages].reshape(n, m * cache.shape[1], *cache.shape[2:])
 
 
+def dequantized(cache: jax.Array, scale: Any, acc: Any = jnp.float32) -> jax.Array:
+    """``scale * cache`` in ``acc`` (``cache [..., K, E]``; ``scale``: None, a float, or ``[]``/``[K]`` per kv head)."""
+    out = cache.astype(acc)
+    if scale is None:
+        return out
+    return out * jnp.asarray(scale, acc)[..., None]
+
+
 def masked_attention(
     query: jax.Array,
     key: jax.Array,
@@ -67,6 +75,8 @@ def page_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
 ) -> Any:
     """Dense ``page_attention`` (contract: ``ejkernel.modules.operations.page_attention``), computed in float32.
 
@@ -78,8 +88,9 @@ def page_attention(
     [10.0, 11.0, 12.0, 13.0]
     """
     lens = context_lens.astype(jnp.int32)
-    keys = dense_pages(key_cache, block_tables)  # [N, M * page, K, D]
-    values = dense_pages(value_cache, block_tables)
+    acc = jnp.promote_types(jnp.float32, query.dtype)
+    keys = dequantized(dense_pages(key_cache, block_tables), k_scale, acc)  # [N, M * page, K, D]
+    values = dequantized(dense_pages(value_cache, block_tables), v_scale, acc)
     j = jnp.arange(keys.shape[1])[None, :]
     allowed = j < lens[:, None]  # the query sits at position L - 1
     if sliding_window is not None:

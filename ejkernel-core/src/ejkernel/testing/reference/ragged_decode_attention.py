@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.testing.reference.page_attention import masked_attention
+from ejkernel.testing.reference.page_attention import dequantized, masked_attention
 
 
 def ragged_decode_attention(
@@ -20,6 +20,8 @@ def ragged_decode_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
 ) -> Any:
     """Dense ``ragged_decode_attention`` (contract: ``ejkernel.modules.operations.ragged_decode_attention``), in float32.
 
@@ -34,4 +36,6 @@ def ragged_decode_attention(
     allowed = (j >= sequence_start.astype(jnp.int32)[:, None]) & (j < end)
     if sliding_window is not None:
         allowed &= j >= jnp.minimum(end, key.shape[1]) - sliding_window  # the query sits at position hi - 1
+    acc = jnp.promote_types(jnp.float32, query.dtype)
+    key, value = dequantized(key, k_scale, acc), dequantized(value, v_scale, acc)
     return masked_attention(query, key, value, allowed, softmax_scale=softmax_scale, logits_soft_cap=logits_soft_cap)

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ejkernel.kernels.signatures._serving import refuse_gradients
+from ejkernel.kernels.signatures._serving import fold_cache_scales, refuse_gradients
 
 from ejkernel_pallas.tpu._paged import Geometry, candidate_pages, interpret_params, pages_per_block
 from ejkernel_pallas.tpu._paged import supports as supports
@@ -62,12 +62,15 @@ def _make(interpret: Any) -> Any:
         softmax_scale: float | None = None,
         logits_soft_cap: float | None = None,
         sliding_window: int | None = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
         fwd_params: PagedKeyParams | None = None,
         bwd_params: ForwardOnly | None = None,
     ) -> jax.Array:
         """Mosaic TPU paged decode attention; launch parameter: ``PagedKeyParams.keys_per_block`` (whole pages)."""
         p = coerce(PagedKeyParams, fwd_params) or PagedKeyParams()
         query, key_cache, value_cache = refuse_gradients(OP, query, key_cache, value_cache)
+        query, softmax_scale, finish = fold_cache_scales(query, k_scale, v_scale, softmax_scale)
         n, h, d = query.shape
         _, page, kh, _ = key_cache.shape
         dv = value_cache.shape[-1]
@@ -82,7 +85,7 @@ def _make(interpret: Any) -> Any:
             window=None if sliding_window is None else int(sliding_window),
         )  # fmt: skip
         run = interpret() if callable(interpret) else interpret
-        return forward(geo, query, key_cache, value_cache, context_lens, block_tables, run)
+        return finish(forward(geo, query, key_cache, value_cache, context_lens, block_tables, run))
 
     return page_attention
 

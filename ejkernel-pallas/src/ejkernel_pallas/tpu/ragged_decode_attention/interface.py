@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.kernels.signatures._serving import refuse_gradients
+from ejkernel.kernels.signatures._serving import fold_cache_scales, refuse_gradients
 
 from ejkernel_pallas.tpu._paged import DEFAULT_KV_TOKENS, Geometry, interpret_params, max_kv_tokens, round_up
 from ejkernel_pallas.tpu._paged import supports as supports
@@ -72,12 +72,15 @@ def _make(interpret: Any) -> Any:
         softmax_scale: float | None = None,
         logits_soft_cap: float | None = None,
         sliding_window: int | None = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
         fwd_params: DecodeKeyParams | None = None,
         bwd_params: ForwardOnly | None = None,
     ) -> jax.Array:
         """Mosaic TPU ragged decode attention; launch parameter: ``DecodeKeyParams.keys_per_block``."""
         p = coerce(DecodeKeyParams, fwd_params) or DecodeKeyParams()
         query, key, value = refuse_gradients(OP, query, key, value)
+        query, softmax_scale, finish = fold_cache_scales(query, k_scale, v_scale, softmax_scale)
         b, h, d = query.shape
         s, kh = key.shape[1], key.shape[2]
         dv = value.shape[-1]
@@ -91,7 +94,7 @@ def _make(interpret: Any) -> Any:
             window=None if sliding_window is None else int(sliding_window),
         )  # fmt: skip
         run = interpret() if callable(interpret) else interpret
-        return forward(geo, query, key, value, jnp.asarray(sequence_start), jnp.asarray(sequence_end), run)
+        return finish(forward(geo, query, key, value, jnp.asarray(sequence_start), jnp.asarray(sequence_end), run))
 
     return ragged_decode_attention
 
