@@ -168,3 +168,25 @@ def test_grouped_matmul_check_by_group_matches_the_plain_reference(monkeypatch: 
     by_group = jax.jit(jax.value_and_grad(loss, argnums=(1, 2)), static_argnums=0)(case.reference, lhs, rhs)
     for got, want in zip(jax.tree.leaves(by_group), jax.tree.leaves(plain), strict=True):
         np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-5, atol=1e-5)
+
+
+def test_float8_cache_shapes_read_half_the_bytes():
+    # fp8=1: the serving cases' caches in float8_e4m3fn with the bench's scales; the bytes model counts one byte a
+    # cache element, and the op still matches the reference (the peers dequantize for themselves).
+    import jax.numpy as jnp
+
+    from ejkernel.bench import cases
+
+    for op, text in (
+        ("page_attention", "N=2,H=4,K=2,D=32,L=64,P=16"),
+        ("ragged_decode_attention", "B=2,H=4,K=2,D=32,L=64"),
+    ):
+        case = CASES[op]
+        plain, fp8 = case.parse(text), case.parse(text + ",fp8=1")
+        inputs = case.make(fp8, jnp.bfloat16)
+        assert inputs.args[1].dtype == inputs.args[2].dtype == jnp.float8_e4m3fn
+        assert inputs.kwargs == cases.FP8_SCALES
+        kv = 2 * 2 * 64 * 2 * 32  # rows x (keys and values) x L x K x D
+        assert case.work(plain, "fwd", jnp.bfloat16) - case.work(fp8, "fwd", jnp.bfloat16) == kv
+        out, want = case.call("xla", inputs), case.reference(inputs)
+        assert float(jnp.max(jnp.abs(out.astype(jnp.float32) - want))) < 0.05

@@ -139,13 +139,26 @@ def _paged(s: Shape, dtype: Any) -> Inputs:
     kc = _normal(kk, (n * per_seq, page, s["K"], s["D"]), dtype)
     vc = _normal(kv, (n * per_seq, page, s["K"], s["D"]), dtype)
     tables = jax.random.permutation(kp, n * per_seq).reshape(n, per_seq).astype(jnp.int32)
-    return Inputs((q, kc, vc, jnp.full((n,), length, jnp.int32), tables), {}, ())
+    return _fp8(s, Inputs((q, kc, vc, jnp.full((n,), length, jnp.int32), tables), {}, ()))
+
+
+FP8_SCALES = {"k_scale": 0.5, "v_scale": 2.0}  # per-tensor dequantization scales of the bench's float8 caches
+
+
+def _fp8(s: Shape, inputs: Inputs) -> Inputs:
+    """With ``fp8``: the caches (arguments 1 and 2) in float8_e4m3fn, read with :data:`FP8_SCALES`."""
+    if not s.get("fp8"):
+        return inputs
+    q, k, v, *rest = inputs.args
+    cast = (q, k.astype(jnp.float8_e4m3fn), v.astype(jnp.float8_e4m3fn), *rest)
+    return Inputs(cast, {**inputs.kwargs, **FP8_SCALES}, inputs.diff)
 
 
 def _decode_bytes(s: Shape, pass_: str, dtype: Any) -> float:
     size = jnp.dtype(dtype).itemsize
+    cache = 1 if s.get("fp8") else size  # a float8 cache: one byte per element
     rows = s["N"] if "N" in s else s["B"]
-    return float(size * rows * (2 * s["L"] * s["K"] * s["D"] + 2 * s["H"] * s["D"]))
+    return float(rows * (2 * s["L"] * s["K"] * s["D"] * cache + 2 * s["H"] * s["D"] * size))
 
 
 def _ragged_decode(s: Shape, dtype: Any) -> Inputs:
@@ -154,7 +167,7 @@ def _ragged_decode(s: Shape, dtype: Any) -> Inputs:
     k = _normal(kk, (s["B"], s["L"], s["K"], s["D"]), dtype)
     v = _normal(kv, (s["B"], s["L"], s["K"], s["D"]), dtype)
     start = jnp.zeros((s["B"],), jnp.int32)
-    return Inputs((q, k, v, start, jnp.full((s["B"],), s["L"], jnp.int32)), {}, ())
+    return _fp8(s, Inputs((q, k, v, start, jnp.full((s["B"],), s["L"], jnp.int32)), {}, ()))
 
 
 def _mixed(s: Shape, dtype: Any) -> Inputs:
@@ -340,21 +353,21 @@ CASES: dict[str, Case] = {
         Case(
             "page_attention",
             ("N", "H", "K", "D", "L", "P"),
-            {"N": 64, "H": 32, "K": 8, "D": 128, "L": 4096, "P": 16},
+            {"N": 64, "H": 32, "K": 8, "D": 128, "L": 4096, "P": 16, "fp8": False},
             _paged,
             _decode_bytes,
             "TB/s",
-            "bytes of K and V read once (N·L·K·D·2) plus Q and O (N·H·D·2), over time",
+            "bytes of K and V read once (N·L·K·D·2; fp8: ·1) plus Q and O (N·H·D·2), over time",
             "L",
         ),
         Case(
             "ragged_decode_attention",
             ("B", "H", "K", "D", "L"),
-            {"B": 64, "H": 32, "K": 8, "D": 128, "L": 4096},
+            {"B": 64, "H": 32, "K": 8, "D": 128, "L": 4096, "fp8": False},
             _ragged_decode,
             _decode_bytes,
             "TB/s",
-            "bytes of K and V read once (B·L·K·D·2) plus Q and O (B·H·D·2), over time",
+            "bytes of K and V read once (B·L·K·D·2; fp8: ·1) plus Q and O (B·H·D·2), over time",
             "L",
         ),
         Case(

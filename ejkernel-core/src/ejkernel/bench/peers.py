@@ -100,8 +100,17 @@ def _tokamax_attention(s: Shape, inputs: Inputs) -> Callable[..., Any]:
     return lambda q, k, v: tokamax.dot_product_attention(q, k, v, is_causal=causal)
 
 
+def _dequantized(inputs: Inputs, q: Any, kc: Any, vc: Any) -> tuple[Any, Any]:
+    """A float8 cache (bench shapes with ``fp8``) as a peer without float8 support reads it: scaled, in q's dtype."""
+    if kc.dtype == q.dtype:
+        return kc, vc
+    ks, vs = inputs.kwargs["k_scale"], inputs.kwargs["v_scale"]
+    return (kc.astype(jnp.float32) * ks).astype(q.dtype), (vc.astype(jnp.float32) * vs).astype(q.dtype)
+
+
 def _gathered_pages(s: Shape, inputs: Inputs) -> Callable[..., Any]:
     def fn(q: Any, kc: Any, vc: Any, lens: Any, tables: Any) -> Any:
+        kc, vc = _dequantized(inputs, q, kc, vc)
         n, per_seq = tables.shape
         k = kc[tables].reshape(n, per_seq * kc.shape[1], *kc.shape[2:])
         v = vc[tables].reshape(n, per_seq * vc.shape[1], *vc.shape[2:])
@@ -115,6 +124,7 @@ def _pallas_paged(s: Shape, inputs: Inputs) -> Callable[..., Any]:
     from jax.experimental.pallas.ops.gpu import paged_attention
 
     def fn(q: Any, kc: Any, vc: Any, lens: Any, tables: Any) -> Any:
+        kc, vc = _dequantized(inputs, q, kc, vc)
         k, v = jnp.moveaxis(kc, 2, 0), jnp.moveaxis(vc, 2, 0)  # [K, pages, page, D]
         return paged_attention.paged_attention(
             q * q.shape[-1] ** -0.5, k, v, tables, lens, k_splits=8, pages_per_compute_block=4
@@ -125,6 +135,7 @@ def _pallas_paged(s: Shape, inputs: Inputs) -> Callable[..., Any]:
 
 def _dense_ragged(s: Shape, inputs: Inputs) -> Callable[..., Any]:
     def fn(q: Any, k: Any, v: Any, start: Any, end: Any) -> Any:
+        k, v = _dequantized(inputs, q, k, v)
         pos = jnp.arange(k.shape[1])
         mask = (pos[None] >= start[:, None]) & (pos[None] < end[:, None])  # [B, S]
         out = jax.nn.dot_product_attention(q[:, None], k, v, mask=mask[:, None, None, :], implementation="xla")
@@ -139,6 +150,7 @@ def _pallas_paged_ragged(s: Shape, inputs: Inputs) -> Callable[..., Any]:
     page = 16
 
     def fn(q: Any, k: Any, v: Any, start: Any, end: Any) -> Any:
+        k, v = _dequantized(inputs, q, k, v)
         b, length, kh, d = k.shape
         # The dense cache seen as pages of 16 (identity page table); paged_attention has no start, so start is 0.
         kp = jnp.moveaxis(k.reshape(b * length // page, page, kh, d), 2, 0)

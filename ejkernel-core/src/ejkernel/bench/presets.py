@@ -38,6 +38,7 @@ PRESETS: dict[str, Preset] = {
             "N=64,H=32,K=1,D=128,L=4096,P=16",  # MQA
             "N=1,H=32,K=8,D=128,L=32768,P=16",  # one long sequence: split-K must fill the SMs
             "N=256,H=32,K=8,D=128,L=1024,P=16",  # a large batch of short ones
+            "N=64,H=32,K=8,D=128,L=4096,P=16,fp8=1",  # a float8 (e4m3) cache: half the bytes
         ),
         passes=("fwd",),
         about="paged decode (the serving issue's shapes): 64 sequences H32 K8 D128 pages of 16, and variations",
