@@ -89,6 +89,7 @@ def _prefill_blocks(
                 b_k = tl.load(p_k)
             else:
                 b_k = tl.load(p_k, mask=(offs_d < D)[None, :], other=0.0)
+        b_k = b_k.to(b_q.dtype)  # a float8 cache: converted in registers
         b_qk = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32))  # [BM, BN]
         if HAS_SOFTCAP:
             b_s = softcap * tanh(b_qk * sm_scale / softcap) * LOG2E
@@ -108,7 +109,7 @@ def _prefill_blocks(
                 b_v = tl.load(p_v)
             else:
                 b_v = tl.load(p_v, mask=(offs_dv < DV)[None, :], other=0.0)
-        acc = mma(b_p.to(b_v.dtype), b_v, acc)  # [BM, BDV]
+        acc = mma(b_p.to(b_q.dtype), b_v.to(b_q.dtype), acc)  # [BM, BDV]
     return acc, l_i, m_i
 
 

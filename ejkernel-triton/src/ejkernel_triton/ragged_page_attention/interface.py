@@ -36,7 +36,7 @@ import numpy as np
 
 from ejkernel.device import cdiv, next_power_of_2
 from ejkernel.kernels.params import check_positive, coerce
-from ejkernel.kernels.signatures._serving import refuse_gradients
+from ejkernel.kernels.signatures._serving import fold_cache_scales, refuse_gradients
 
 from ejkernel_triton._decode import (
     ForwardOnly,
@@ -346,6 +346,8 @@ def ragged_page_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     fwd_params: RaggedPageParams | PagedDecodeParams | None = None,
     bwd_params: ForwardOnly | None = None,
 ) -> jax.Array:
@@ -354,6 +356,7 @@ def ragged_page_attention(
     Shapes: ``query [T, H, D]``, ``key_cache [P, page, K, D]``, ``value_cache [P, page, K, Dv]``, ``kv_lens [S]``,
     ``block_tables [S, M]``, ``cu_q_lens [S+1]``; returns ``[T, H, Dv]`` in ``query``'s dtype."""
     query, key_cache, value_cache = refuse_gradients(OP, query, key_cache, value_cache)
+    query, softmax_scale, finish = fold_cache_scales(query, k_scale, v_scale, softmax_scale)
     t, h, d = query.shape
     page, kh = int(key_cache.shape[1]), int(key_cache.shape[2])
     slots, dv = int(kv_lens.shape[0]), int(value_cache.shape[-1])
@@ -401,4 +404,4 @@ def ragged_page_attention(
     live = (rows >= cu[0]) & (rows < cu[slots])
     from_decode = (live & is_decode[seq])[:, None, None]
     from_prefill = (live & ~is_decode[seq])[:, None, None]
-    return jnp.where(from_decode, dec[seq], jnp.where(from_prefill, pre, jnp.zeros((), query.dtype)))
+    return finish(jnp.where(from_decode, dec[seq], jnp.where(from_prefill, pre, jnp.zeros((), query.dtype))))

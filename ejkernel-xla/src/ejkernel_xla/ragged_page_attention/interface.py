@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.kernels.signatures._serving import refuse_gradients
+from ejkernel.kernels.signatures._serving import fold_cache_scales, refuse_gradients
 
 from ejkernel_xla._paged import (
     Budget,
@@ -91,18 +91,21 @@ def ragged_page_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     fwd_params: RaggedPagedParams | None = None,
     bwd_params: NoParams | None = None,
 ) -> jax.Array:
     """Ragged paged attention (contract: ``ejkernel.modules.operations.ragged_page_attention``)."""
     query, key_cache, value_cache = refuse_gradients(OP, query, key_cache, value_cache)
+    query, softmax_scale, finish = fold_cache_scales(query, k_scale, v_scale, softmax_scale)
     t, h, d = query.shape
     _, page, kh, _ = key_cache.shape
     s, m = block_tables.shape
     p = coerce(RaggedPagedParams, fwd_params) or RaggedPagedParams()
     e = max(d, value_cache.shape[-1])
     r, bk, c = _plan(t, s, h, kh, e, page, m, p.rows_per_item, p.keys_per_block, budget_for(None))
-    return ragged_paged(
+    out = ragged_paged(
         options(d, softmax_scale, logits_soft_cap, sliding_window),
         query,
         key_cache,
@@ -115,6 +118,7 @@ def ragged_page_attention(
         kv_tokens=bk,
         chunk=c,
     )
+    return finish(out)
 
 
 __all__ = ["candidate_cfgs", "heuristic_cfg", "ragged_page_attention"]

@@ -27,7 +27,10 @@ Must hold: ``num_seqs >= 0``, ``cu_q_lens[0] == 0``, ``cu_q_lens`` non-decreasin
 under ``jit`` it is traced and unchecked unless ``EJKERNEL_CHECKS=1`` (then the call fails when it runs), and a
 violation gives a wrong output without an error (the XLA implementation clamps page indices into ``[0, P)``).
 ``num_seqs`` is an int array of shape ``[1]`` (as in JAX) or ``[]``, or a Python int. ``query``, ``key_cache``
-and ``value_cache`` share one float dtype.
+and ``value_cache`` share one float dtype, or the cache is float8 (``float8_e4m3fn`` or ``float8_e5m2``, both
+alike): key ``j`` is then ``k_scale * key_cache[..j..]`` in float32 and its value ``v_scale * value_cache[..j..]``,
+each scale a positive float (per tensor) or a float array ``[K]`` (per kv head); None is 1, and scales apply to
+any cache dtype (as ``page_attention``).
 
 Not differentiable: differentiating a call raises ``TypeError`` (inputs under ``jax.lax.stop_gradient`` pass).
 
@@ -55,6 +58,7 @@ from ejkernel.kernels.signatures._checks import (
     shape,
 )
 from ejkernel.kernels.signatures._serving import (
+    check_cache_scales,
     check_int,
     check_options,
     check_paged_cache,
@@ -82,6 +86,8 @@ def validate(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
     **_: Any,
 ) -> None:
     """Check a ``ragged_page_attention`` call; raise an error naming the argument, what was expected and what came."""
@@ -97,6 +103,7 @@ def validate(
             f"{OP}: num_seqs must be an integer array of shape [1] or [], or an int, got {describe(num_seqs)}"
         )
     check_options(OP, softmax_scale, logits_soft_cap, sliding_window)
+    check_cache_scales(OP, shape(key_cache)[2], k_scale=k_scale, v_scale=v_scale)
     t = shape(query)[0]
     num_pages, page = shape(key_cache)[:2]
     check_values(
@@ -189,6 +196,8 @@ def ragged_page_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: float | Float[ArrayIn, ""] | Float[ArrayIn, "K"] | None = None,
+    v_scale: float | Float[ArrayIn, ""] | Float[ArrayIn, "K"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: RaggedPageAttentionConfig | None = None,
@@ -216,6 +225,9 @@ def ragged_page_attention(
         softmax_scale: scale of the scores, default ``D ** -0.5``.
         logits_soft_cap: ``cap * tanh(scores / cap)``.
         sliding_window: ``W``: a query at position ``i`` attends only ``i - W < j <= i``.
+        k_scale: the keys' dequantization scale: a positive float, or a float array ``[K]`` (per kv head); the
+            key is ``k_scale * key_cache`` in float32 (a float8 cache). Default 1.
+        v_scale: the values' scale, likewise.
         platform: restrict to one kernel platform (``"xla"``, ``"pallas"``, ...); default: any.
         backend: run for this backend (``"cpu"``, ``"gpu"``, ``"tpu"``); default: JAX's default device.
         cfg: a ``RaggedPageAttentionConfig`` that overrides the config chain (never cached).
@@ -243,7 +255,7 @@ def ragged_page_attention(
     ((8, 4, 32), True)
     """
     query, key_cache, value_cache = refuse_gradients("ragged_page_attention", query, key_cache, value_cache)
-    arrays = {
+    arrays: dict[str, Any] = {
         "query": query,
         "key_cache": key_cache,
         "value_cache": value_cache,
@@ -252,7 +264,13 @@ def ragged_page_attention(
         "cu_q_lens": cu_q_lens,
         "num_seqs": num_seqs,
     }
-    options = {"softmax_scale": softmax_scale, "logits_soft_cap": logits_soft_cap, "sliding_window": sliding_window}
+    options: dict[str, Any] = {
+        "softmax_scale": softmax_scale,
+        "logits_soft_cap": logits_soft_cap,
+        "sliding_window": sliding_window,
+    }
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):  # an array scale is traced, a float static
+        (arrays if hasattr(x, "dtype") else options)[name] = x
     return dispatch(
         _kernel,
         arrays,

@@ -198,6 +198,39 @@ def check_case(impl: Any, case: Case, dtype: str, expected: Any = None) -> None:
     assert np.all(np.asarray(out, np.float32)[padding_rows(case)] == 0), f"padding rows must be zeros (seed {seed})"
 
 
+# Float8 caches and their scales, as in the page_attention suite: (query dtype, cache dtype, k_scale, v_scale).
+FP8_CASES = [
+    pytest.param("bfloat16", "float8_e4m3fn", 0.5, 2.0, id="bf16-e4m3-per_tensor"),
+    pytest.param("float32", "float8_e5m2", (0.5, 1.5), (2.0, 0.25), id="f32-e5m2-per_head"),
+]
+
+
+@pytest.mark.parametrize(("dtype", "cache_dtype", "k_scale", "v_scale"), FP8_CASES)
+def test_float8_cache_and_scales_match_reference(impl, dtype, cache_dtype, k_scale, v_scale):
+    check_quantized(impl, Case("fp8"), dtype, cache_dtype, k_scale, v_scale)
+
+
+def test_gpu_tier_float8_cache(impl, gpu_tier):
+    """Prefill and decode rows from an e4m3 cache with per-kv-head scales (8 kv heads)."""
+    scales = tuple(0.25 * (i + 1) for i in range(8))
+    check_quantized(impl, GPU_CASES[0], "bfloat16", "float8_e4m3fn", 0.5, scales, reference_in_chunks)
+
+
+def check_quantized(
+    impl: Any, case: Case, dtype: str, cache_dtype: str, k_scale: Any, v_scale: Any, expected: Any = None
+) -> None:
+    key, seed = fresh_key()
+    args, kwargs, _ = make_inputs(case, dtype, key)
+    scale = lambda s: jnp.asarray(s, jnp.float32) if isinstance(s, tuple) else s  # noqa: E731
+    args = (args[0], args[1].astype(cache_dtype), args[2].astype(cache_dtype), *args[3:])
+    kwargs = {**kwargs, "k_scale": scale(k_scale), "v_scale": scale(v_scale)}
+    skip_if_unsupported(impl, args, kwargs)
+    out = run(lambda *a, **kw: call(impl, *a, **kw), args, kwargs)
+    want = (expected or (lambda a, kw: run(reference.ragged_page_attention, a, kw)))(args, kwargs)
+    assert out.dtype == jnp.dtype(dtype), f"output dtype {out.dtype} != query dtype {dtype}"
+    assert_close(out, want, FWD_RTOL[dtype], f"{case.name} {cache_dtype} cache", seed)
+
+
 def test_the_reference_in_chunks_is_the_reference():
     """What the GPU tier compares with: the reference a few rows per call (pieces of sequences, several per call)."""
     key, seed = fresh_key()
@@ -297,6 +330,8 @@ BAD_OPTIONS = [
     ("window_zero", {"sliding_window": 0}, "sliding_window must be an int >= 1"),
     ("soft_cap", {"logits_soft_cap": 0.0}, "logits_soft_cap must be a positive"),
     ("scale", {"softmax_scale": [0.5]}, "softmax_scale must be a Python float"),
+    ("k_scale_shape", {"k_scale": jnp.ones(3)}, r"k_scale must have shape \[\] or \[K\] = \[2\]"),
+    ("v_scale_zero", {"v_scale": 0.0}, "v_scale must be a positive finite"),
     ("unknown_option", {"causal": True}, "causal"),
 ]
 

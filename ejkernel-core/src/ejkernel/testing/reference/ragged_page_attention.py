@@ -7,7 +7,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from ejkernel.testing.reference.page_attention import dense_pages, masked_attention
+from ejkernel.testing.reference.page_attention import dense_pages, dequantized, masked_attention
 
 
 def ragged_page_attention(
@@ -22,6 +22,8 @@ def ragged_page_attention(
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,
     sliding_window: int | None = None,
+    k_scale: Any = None,
+    v_scale: Any = None,
 ) -> Any:
     """Dense ``ragged_page_attention`` (contract: ``ejkernel.modules.operations.ragged_page_attention``), in float32.
 
@@ -48,8 +50,9 @@ def ragged_page_attention(
     owned = owner.any(axis=1)
     seq = jnp.argmax(owner, axis=1)
     position = kv[seq] - (ends[seq] - starts[seq]) + (jnp.arange(t) - starts[seq])  # [T]
-    keys = dense_pages(key_cache, block_tables)  # [S, M * page, K, D]: each sequence's tokens in order
-    values = dense_pages(value_cache, block_tables)
+    acc = jnp.promote_types(jnp.float32, query.dtype)
+    keys = dequantized(dense_pages(key_cache, block_tables), k_scale, acc)  # [S, M * page, K, D]: in token order
+    values = dequantized(dense_pages(value_cache, block_tables), v_scale, acc)
     j = jnp.arange(keys.shape[1])
 
     def row(x: Any) -> jax.Array:

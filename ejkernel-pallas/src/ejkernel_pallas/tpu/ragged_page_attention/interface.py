@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.kernels.signatures._serving import refuse_gradients
+from ejkernel.kernels.signatures._serving import fold_cache_scales, refuse_gradients
 
 from ejkernel_pallas.tpu._paged import (
     Q_VMEM_BYTES,
@@ -101,6 +101,8 @@ def _make(interpret: Any) -> Any:
         softmax_scale: float | None = None,
         logits_soft_cap: float | None = None,
         sliding_window: int | None = None,
+        k_scale: Any = None,
+        v_scale: Any = None,
         fwd_params: RaggedItemParams | None = None,
         bwd_params: ForwardOnly | None = None,
     ) -> jax.Array:
@@ -108,6 +110,7 @@ def _make(interpret: Any) -> Any:
         ``keys_per_block`` (whole pages)."""
         p = coerce(RaggedItemParams, fwd_params) or RaggedItemParams()
         query, key_cache, value_cache = refuse_gradients(OP, query, key_cache, value_cache)
+        query, softmax_scale, finish = fold_cache_scales(query, k_scale, v_scale, softmax_scale)
         t, h, d = query.shape
         _, page, kh, _ = key_cache.shape
         s, m = block_tables.shape
@@ -123,10 +126,11 @@ def _make(interpret: Any) -> Any:
             window=None if sliding_window is None else int(sliding_window),
         )  # fmt: skip
         run = interpret() if callable(interpret) else interpret
-        return forward(
+        out = forward(
             geo, query, key_cache, value_cache, jnp.asarray(kv_lens), jnp.asarray(block_tables),
             jnp.asarray(cu_q_lens), num_seqs, run,
         )  # fmt: skip
+        return finish(out)
 
     return ragged_page_attention
 
