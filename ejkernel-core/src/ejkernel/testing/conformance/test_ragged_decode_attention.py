@@ -125,7 +125,7 @@ def check_case(impl: Any, case: Case, dtype: str) -> None:
 FP8_CASES = [
     pytest.param("bfloat16", "float8_e4m3fn", 0.5, 2.0, id="bf16-e4m3-per_tensor"),
     pytest.param("float32", "float8_e5m2", (0.5, 1.5), (2.0, 0.25), id="f32-e5m2-per_head"),
-    pytest.param("bfloat16", "bfloat16", (0.5, 1.5), 3.0, id="bf16-scales_only"),
+    pytest.param("bfloat16", "bfloat16", (0.5, 1.5), np.float32(3.0), id="bf16-scales_only"),  # a NumPy scalar too
 ]
 
 
