@@ -2,8 +2,9 @@
 
 Registers the Triton kernels for GPUs (flash attention, the attention block, the serving decode kernels, the
 grouped matmul, the fused recurrent ``gla``/``gated_delta_rule``/``lightning_attn``/``recurrent``, the chunked
-``gla``/``lightning_attn``/``recurrent`` and the chunked ``gated_delta_rule`` forward, the ``multi_head_latent_attention`` decode kernel). With ``EJKERNEL_TRITON_INTERPRET=1`` it also registers
-them for the CPU, where the same kernels run in Triton's interpreter: that is for tests only (slow), and the
+``gla``/``lightning_attn``/``recurrent``, the chunked ``gated_delta_rule`` forward, the
+``multi_head_latent_attention`` decode kernel). With ``EJKERNEL_TRITON_INTERPRET=1`` it also registers them for
+the CPU, where the same kernels run in Triton's interpreter: that is for tests only (slow), and the
 variable must be set before anything imports ``triton`` (see ``ejkernel_triton.launch``).
 
 The references are lazy strings, so loading this plugin imports neither Triton nor jax-triton.
