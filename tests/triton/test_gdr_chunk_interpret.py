@@ -120,6 +120,8 @@ def test_candidates_supports_and_registration_below_xla_on_gpus():
     cands = chunk.candidate_cfgs(inv, "fwd")
     assert cands[0] == chunk.heuristic_cfg(inv, "fwd") and len(set(cands)) == len(cands) >= 2
     assert chunk.supports(inv) is None
+    with pytest.raises(ValueError, match="block_k must be None or 128"):
+        chunk.gated_delta_rule(*_inputs(1, 4, 1, 1, 128, 16)[0], fwd_params=ChunkFwdParams(block_k=64))
     assert "beta dtype int32" in chunk.supports(
         Invocation.create("gated_delta_rule", {**args, "beta": s((1, 8, 2), jnp.int32)}, "cpu")
     )

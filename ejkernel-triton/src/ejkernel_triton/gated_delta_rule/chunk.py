@@ -53,7 +53,13 @@ class Plan:
 
 def _plan(dk: int, dv: int, p: ChunkFwdParams) -> Plan:
     """``p``'s fields, else the heuristic's: chunks of 64 (16 in the interpreter), value blocks of 64 channels
-    (all of them in the interpreter), 4 warps, 2 stages."""
+    (all of them in the interpreter), 4 warps, 2 stages. ``block_k``: the kernels take the whole padded key dim,
+    so any other value is refused rather than ignored."""
+    if p.block_k is not None and p.block_k != _pow2(dk):
+        raise ValueError(
+            f"ejkernel-triton {OP} (chunked): ChunkFwdParams.block_k must be None or {_pow2(dk)} (the whole padded "
+            f"key dim K={dk}), got {p.block_k}"
+        )
     bv = _pow2(dv) if interpreting() else min(64, _pow2(dv))
     return Plan(
         p.chunk_size or (16 if interpreting() else 64),
