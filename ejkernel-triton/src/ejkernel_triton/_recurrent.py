@@ -328,8 +328,10 @@ def _forward(
     return _launch(s, has_h0, varlen, q, k, v, g, beta_, h0_, cu_)
 
 
-def _reference_vjp(s: Static, primals: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:
-    """The backward: the VJP of the core's reference recurrence (see the module docstring for its cost)."""
+def reference_vjp(s: Any, primals: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:
+    """The backward: the VJP of the core's reference recurrence (see the module docstring for its cost). ``s``: any
+    object with ``delta``, ``scale``, ``output_final_state`` and ``use_qk_l2norm`` (:class:`Static`, or the chunked
+    ``gated_delta_rule``'s); ``primals`` ``(q, k, v, g, beta, h0, cu)``."""
     q, k, v, g, beta, h0, cu = primals
     diff = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
     diff = {name: x for name, x in diff.items() if x is not None}
@@ -389,7 +391,7 @@ def _fused_recurrent_fwd(
 
 
 def _fused_recurrent_bwd(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:
-    return _reference_vjp(s, res, cotangents)
+    return reference_vjp(s, res, cotangents)
 
 
 fused_recurrent.defvjp(_fused_recurrent_fwd, _fused_recurrent_bwd)

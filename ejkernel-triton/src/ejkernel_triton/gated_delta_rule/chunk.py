@@ -30,10 +30,7 @@ from ejkernel.device import cdiv, fold_vmap
 from ejkernel.kernels.params import coerce
 
 from ejkernel_triton._decode import interpreting
-from ejkernel_triton._recurrent import Dims as RecurrentDims
-from ejkernel_triton._recurrent import NoBwdParams, _reference_vjp
-from ejkernel_triton._recurrent import Static as RecurrentStatic
-from ejkernel_triton._recurrent import default_plan as recurrent_plan
+from ejkernel_triton._recurrent import NoBwdParams, reference_vjp
 from ejkernel_triton.gla import chunk as gla_chunk
 from ejkernel_triton.gla.chunk import ChunkFwdParams, _chunk_table, _pow2, _rows
 
@@ -111,6 +108,7 @@ class Static:
     scale: float
     output_final_state: bool
     use_qk_l2norm: bool
+    delta: bool = True  # for ``_recurrent.reference_vjp``, the backward
 
 
 def _prec() -> str:
@@ -219,12 +217,6 @@ def _forward(s: Static, q, k, v, g, beta, h0, cu):  # noqa: ANN001, ANN202
     return o.astype(out_dtype), ht
 
 
-def _reference_static(s: Static, dk: int, dv: int) -> RecurrentStatic:
-    """What ``_recurrent._reference_vjp`` reads of a call (its plan is not used there)."""
-    plan = recurrent_plan(RecurrentDims(1, 1, dk, dv))
-    return RecurrentStatic(True, plan, s.scale, s.output_final_state, s.use_qk_l2norm)
-
-
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def chunk_delta(s: Static, q, k, v, g, beta, h0, cu):  # noqa: ANN001, ANN201
     """``(o, final state)``: the chunked forward, the reference's VJP backward (module docstring)."""
@@ -236,10 +228,7 @@ def _chunk_delta_fwd(s: Static, q, k, v, g, beta, h0, cu):  # noqa: ANN001, ANN2
 
 
 def _chunk_delta_bwd(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:
-    q, v = res[0], res[2]
-    rs = _reference_static(s, int(q.shape[-1]), int(v.shape[-1]))
-    cts = cotangents if s.output_final_state else cotangents[:1]
-    return _reference_vjp(rs, res, cts)
+    return reference_vjp(s, res, cotangents if s.output_final_state else cotangents[:1])
 
 
 chunk_delta.defvjp(_chunk_delta_fwd, _chunk_delta_bwd)

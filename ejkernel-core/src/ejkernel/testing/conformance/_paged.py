@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -71,3 +72,21 @@ def paged_cache(
     key_cache = normal(rng, (num_pages, page, kv_heads, head_dim), dtype)
     value_cache = normal(rng, (num_pages, page, kv_heads, value_dim), dtype)
     return PagedCache(key_cache, value_cache, jnp.asarray(tables, jnp.int32), read)
+
+
+# Float8 caches and their scales, shared by the three serving suites: (query dtype, cache dtype, k_scale, v_scale),
+# a scale a float (per tensor) or a tuple (per kv head, passed as an array); the reference dequantizes the same
+# float8 values in float32.
+FP8_CASES = (
+    ("bfloat16", "float8_e4m3fn", 0.5, 2.0, "bf16-e4m3-per_tensor"),
+    ("float32", "float8_e5m2", (0.5, 1.5), (2.0, 0.25), "f32-e5m2-per_head"),
+    ("bfloat16", "bfloat16", (0.5, 1.5), np.float32(3.0), "bf16-scales_only"),  # a NumPy scalar scale too
+)
+
+
+def quantized(args: tuple[Any, ...], kwargs: dict[str, Any], cache_dtype: str, k_scale: Any, v_scale: Any) -> Any:
+    """``args`` (query, key cache, value cache, ...) with the caches cast to ``cache_dtype``, ``kwargs`` with the
+    scales (tuples as float32 arrays)."""
+    scale = lambda s: jnp.asarray(s, jnp.float32) if isinstance(s, tuple) else s  # noqa: E731
+    cast = (args[0], args[1].astype(cache_dtype), args[2].astype(cache_dtype), *args[3:])
+    return cast, {**kwargs, "k_scale": scale(k_scale), "v_scale": scale(v_scale)}

@@ -29,7 +29,7 @@ from ejkernel.testing.conformance._harness import (
     jitted,
 )
 from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
-from ejkernel.testing.conformance._paged import PagedCache, normal, numpy_rng, paged_cache
+from ejkernel.testing.conformance._paged import FP8_CASES, PagedCache, normal, numpy_rng, paged_cache, quantized
 
 OP = "page_attention"
 
@@ -115,23 +115,10 @@ def check_case(impl: Any, case: Case, dtype: str) -> None:
     assert np.all(np.asarray(out, np.float32)[empty] == 0), f"empty sequences must give exact zeros (seed {seed})"
 
 
-# Float8 caches and their scales: (query dtype, cache dtype, k_scale, v_scale), a scale a float (per tensor) or a
-# tuple (per kv head, as an array); the reference dequantizes the same float8 values in float32.
-FP8_CASES = [
-    pytest.param("bfloat16", "float8_e4m3fn", 0.5, 2.0, id="bf16-e4m3-per_tensor"),
-    pytest.param("float32", "float8_e5m2", (0.5, 1.5), (2.0, 0.25), id="f32-e5m2-per_head"),
-    pytest.param("bfloat16", "bfloat16", (0.5, 1.5), np.float32(3.0), id="bf16-scales_only"),  # a NumPy scalar too
-]
+FP8_PARAMS = [pytest.param(*c[:4], id=c[4]) for c in FP8_CASES]
 
 
-def quantized(args: tuple[Any, ...], kwargs: dict[str, Any], cache_dtype: str, k_scale: Any, v_scale: Any) -> Any:
-    """``args`` with the caches cast to ``cache_dtype``, ``kwargs`` with the scales."""
-    scale = lambda s: jnp.asarray(s, jnp.float32) if isinstance(s, tuple) else s  # noqa: E731
-    cast = (args[0], args[1].astype(cache_dtype), args[2].astype(cache_dtype), *args[3:])
-    return cast, {**kwargs, "k_scale": scale(k_scale), "v_scale": scale(v_scale)}
-
-
-@pytest.mark.parametrize(("dtype", "cache_dtype", "k_scale", "v_scale"), FP8_CASES)
+@pytest.mark.parametrize(("dtype", "cache_dtype", "k_scale", "v_scale"), FP8_PARAMS)
 def test_float8_cache_and_scales_match_reference(impl, dtype, cache_dtype, k_scale, v_scale):
     check_quantized(impl, Case("fp8"), dtype, cache_dtype, k_scale, v_scale)
 

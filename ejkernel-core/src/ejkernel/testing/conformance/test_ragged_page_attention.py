@@ -30,7 +30,7 @@ from ejkernel.testing.conformance._harness import (
     jitted,
 )
 from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
-from ejkernel.testing.conformance._paged import PagedCache, normal, numpy_rng, paged_cache
+from ejkernel.testing.conformance._paged import FP8_CASES, PagedCache, normal, numpy_rng, paged_cache, quantized
 
 OP = "ragged_page_attention"
 
@@ -198,14 +198,10 @@ def check_case(impl: Any, case: Case, dtype: str, expected: Any = None) -> None:
     assert np.all(np.asarray(out, np.float32)[padding_rows(case)] == 0), f"padding rows must be zeros (seed {seed})"
 
 
-# Float8 caches and their scales, as in the page_attention suite: (query dtype, cache dtype, k_scale, v_scale).
-FP8_CASES = [
-    pytest.param("bfloat16", "float8_e4m3fn", 0.5, 2.0, id="bf16-e4m3-per_tensor"),
-    pytest.param("float32", "float8_e5m2", (0.5, 1.5), (2.0, 0.25), id="f32-e5m2-per_head"),
-]
+FP8_PARAMS = [pytest.param(*c[:4], id=c[4]) for c in FP8_CASES[:2]]  # float8 caches (the third: scales only)
 
 
-@pytest.mark.parametrize(("dtype", "cache_dtype", "k_scale", "v_scale"), FP8_CASES)
+@pytest.mark.parametrize(("dtype", "cache_dtype", "k_scale", "v_scale"), FP8_PARAMS)
 def test_float8_cache_and_scales_match_reference(impl, dtype, cache_dtype, k_scale, v_scale):
     check_quantized(impl, Case("fp8"), dtype, cache_dtype, k_scale, v_scale)
 
@@ -221,9 +217,7 @@ def check_quantized(
 ) -> None:
     key, seed = fresh_key()
     args, kwargs, _ = make_inputs(case, dtype, key)
-    scale = lambda s: jnp.asarray(s, jnp.float32) if isinstance(s, tuple) else s  # noqa: E731
-    args = (args[0], args[1].astype(cache_dtype), args[2].astype(cache_dtype), *args[3:])
-    kwargs = {**kwargs, "k_scale": scale(k_scale), "v_scale": scale(v_scale)}
+    args, kwargs = quantized(args, kwargs, cache_dtype, k_scale, v_scale)
     skip_if_unsupported(impl, args, kwargs)
     out = run(lambda *a, **kw: call(impl, *a, **kw), args, kwargs)
     want = (expected or (lambda a, kw: run(reference.ragged_page_attention, a, kw)))(args, kwargs)
