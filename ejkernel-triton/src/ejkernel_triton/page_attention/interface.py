@@ -39,11 +39,11 @@ OP = "page_attention"
 
 
 def _dims(inv: Any) -> tuple[int, int, int, int, int, int, int]:
-    """(N, KH, max keys, D, Dv, bytes per element, page) of a call."""
+    """(N, KH, max keys, D, Dv, bytes per cache element, page) of a call."""
     args = arguments(inv)
     q, kc, vc, tables = args["query"], args["key_cache"], args["value_cache"], args["block_tables"]
     page = int(kc.shape[1])
-    e = int(np.dtype(q.dtype).itemsize)
+    e = int(np.dtype(kc.dtype).itemsize)
     return int(q.shape[0]), int(kc.shape[2]), int(tables.shape[1]) * page, int(q.shape[-1]), int(vc.shape[-1]), e, page
 
 
@@ -131,7 +131,7 @@ def page_attention(
     page, kh = int(key_cache.shape[1]), int(key_cache.shape[2])
     m = int(block_tables.shape[1])
     p = coerce(PagedDecodeParams, fwd_params) or PagedDecodeParams()
-    plan = _plan(n, kh, m * page, d, int(value_cache.shape[-1]), int(np.dtype(query.dtype).itemsize), page, p)
+    plan = _plan(n, kh, m * page, d, int(value_cache.shape[-1]), int(np.dtype(key_cache.dtype).itemsize), page, p)
     hi = jnp.clip(jnp.asarray(context_lens).astype(jnp.int32), 0, m * page)
     lo = jnp.zeros_like(hi) if sliding_window is None else jnp.maximum(hi - int(sliding_window), 0)
     out = decode(

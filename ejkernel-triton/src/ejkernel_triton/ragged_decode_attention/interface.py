@@ -36,10 +36,10 @@ OP = "ragged_decode_attention"
 
 
 def _dims(inv: Any) -> tuple[int, int, int, int, int, int]:
-    """(B, KH, S, D, Dv, bytes per element) of a call."""
+    """(B, KH, S, D, Dv, bytes per cache element) of a call."""
     args = arguments(inv)
     q, k, v = args["query"], args["key"], args["value"]
-    e = int(np.dtype(q.dtype).itemsize)
+    e = int(np.dtype(k.dtype).itemsize)
     return int(q.shape[0]), int(k.shape[2]), int(k.shape[1]), int(q.shape[-1]), int(v.shape[-1]), e
 
 
@@ -96,7 +96,7 @@ def ragged_decode_attention(
         s,
         d,
         int(value.shape[-1]),
-        int(np.dtype(query.dtype).itemsize),
+        int(np.dtype(key.dtype).itemsize),
         splits=p.num_splits or None,
         block_n=p.keys_per_block,
         num_warps=p.num_warps,

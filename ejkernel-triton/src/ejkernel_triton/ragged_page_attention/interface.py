@@ -198,14 +198,15 @@ def _prefill_candidates(t: int, g: int, d: int, dv: int, e: int) -> list[Prefill
 # ------------------------------------------------------------------------------------------------
 
 
-def _dims(inv: Any) -> tuple[int, int, int, int, int, int, int, int, int]:
-    """(T, S, G, KH, max keys, D, Dv, bytes per element, page) of a call."""
+def _dims(inv: Any) -> tuple[int, int, int, int, int, int, int, int, int, int]:
+    """(T, S, G, KH, max keys, D, Dv, bytes per query element, bytes per cache element, page) of a call."""
     args = arguments(inv)
     q, kc, vc, tables = args["query"], args["key_cache"], args["value_cache"], args["block_tables"]
     page, kh = int(kc.shape[1]), int(kc.shape[2])
     e = int(np.dtype(q.dtype).itemsize)
+    ec = int(np.dtype(kc.dtype).itemsize)
     slots, g = int(tables.shape[0]), int(q.shape[1]) // max(kh, 1)
-    return int(q.shape[0]), slots, g, kh, int(tables.shape[1]) * page, int(q.shape[-1]), int(vc.shape[-1]), e, page
+    return int(q.shape[0]), slots, g, kh, int(tables.shape[1]) * page, int(q.shape[-1]), int(vc.shape[-1]), e, ec, page
 
 
 def _with_prefill(decode_params: PagedDecodeParams, plan: PrefillPlan) -> RaggedPageParams:
@@ -221,8 +222,8 @@ def _with_prefill(decode_params: PagedDecodeParams, plan: PrefillPlan) -> Ragged
 def heuristic_cfg(inv: Any, stage: str = "fwd") -> RaggedPageParams | ForwardOnly:
     if stage != "fwd":
         return ForwardOnly()  # not differentiable: nothing to tune
-    t, slots, g, kh, keys, d, dv, e, page = _dims(inv)
-    dec = _params(_plan(slots, kh, keys, d, dv, e, page, PagedDecodeParams()), page)
+    t, slots, g, kh, keys, d, dv, e, ec, page = _dims(inv)
+    dec = _params(_plan(slots, kh, keys, d, dv, ec, page, PagedDecodeParams()), page)
     return _with_prefill(dec, _prefill_plan(t, g, d, dv, e, RaggedPageParams()))
 
 
@@ -234,9 +235,9 @@ def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[RaggedPageParams] | lis
         return [ForwardOnly()]
     from ejkernel_triton.page_attention.interface import candidate_cfgs as paged_candidates
 
-    t, slots, g, kh, keys, d, dv, e, page = _dims(inv)
+    t, slots, g, kh, keys, d, dv, e, ec, page = _dims(inv)
     plan = _prefill_plan(t, g, d, dv, e, RaggedPageParams())
-    base_dec = _params(_plan(slots, kh, keys, d, dv, e, page, PagedDecodeParams()), page)
+    base_dec = _params(_plan(slots, kh, keys, d, dv, ec, page, PagedDecodeParams()), page)
     args = arguments(inv)
     as_paged = {"query": jax.ShapeDtypeStruct((slots, *args["query"].shape[1:]), args["query"].dtype)}
     as_paged |= {k: args[k] for k in ("key_cache", "value_cache", "block_tables")}
@@ -378,7 +379,7 @@ def ragged_page_attention(
     # Decode: slot s is sequence s's one row (position kv_len - 1), an empty interval for the other slots.
     hi = jnp.where(is_decode, jnp.minimum(kv, capacity), 0)
     lo = jnp.zeros_like(hi) if window is None else jnp.maximum(hi - window, 0)
-    plan = _plan(slots, kh, capacity, d, dv, e, page, p)
+    plan = _plan(slots, kh, capacity, d, dv, int(np.dtype(key_cache.dtype).itemsize), page, p)
     dec = decode(
         plan,
         query[jnp.minimum(cu[:-1], t - 1)],
