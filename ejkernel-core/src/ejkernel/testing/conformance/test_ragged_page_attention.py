@@ -75,7 +75,7 @@ DTYPE_CASES = dtype_cases(CASES, {"mixed_prefill_decode_gqa": ("bfloat16", "floa
 assert {p.values[1] for p in DTYPE_CASES} == set(DTYPES)
 # The GPU tier's realistic shapes: a serving step of 64 sequences on pages of 16 (56 decoding with contexts of
 # 1500 to 2100 tokens, 6 chunked prefills of 128 rows, a whole prefill of 517 and an idle one), GQA with 32 query
-# and 8 kv heads of 128.
+# and 8 kv heads of 128; and a few sequences with heads of 256.
 GPU_SEQS = (
     tuple((1, 1500 + (i * 331) % 600) for i in range(56))
     + tuple((128, 1000 + 173 * i) for i in range(6))
@@ -85,6 +85,8 @@ GPU_CASES = [
     Case("gpu_mixed_gqa", seqs=GPU_SEQS, page=16, h=32, k=8, d=128),
     Case("gpu_window_soft_cap", seqs=GPU_SEQS, page=16, h=32, k=8, d=128,
          options=(("sliding_window", 1000), ("logits_soft_cap", 30.0))),
+    # head dims of 256 (the prefill tiles' 8-warp, 3-stage plan): prefills of several blocks, a chunked one, decodes
+    Case("gpu_prefill_d256", seqs=((300, 300), (1, 900), (64, 700), (1, 1), (0, 40)), page=16, h=8, k=2, d=256),
 ]  # fmt: skip
 GPU_DTYPE_CASES = [pytest.param(c, d, id=f"{c.name}-{d}") for c in GPU_CASES for d in ("bfloat16", "float32")]
 
