@@ -1,10 +1,11 @@
-"""ejkernel-triton's chunked ``gated_delta_rule`` forward (``ejkernel_triton.gated_delta_rule.chunk``) in Triton's
-interpreter.
+"""ejkernel-triton's chunked ``gated_delta_rule`` (``ejkernel_triton.gated_delta_rule.chunk``), forward and backward,
+in Triton's interpreter.
 
 The conformance suite checks the contract; this file checks what is particular to the chunked kernels: chunks of
 several sizes with a partial last one, value channels split over programs, grouped value heads, strong gates,
-packed sequences with an empty one, bfloat16 inputs, ``vmap`` folded into one launch, the candidates, what
-``supports`` declines, the registration below XLA on GPUs, and that every kernel compiles for sm_90.
+packed sequences with an empty one, bfloat16 inputs, every gradient against the reference's VJP in those cases,
+``vmap`` folded into one launch (forward and backward), the candidates, what ``supports`` declines, the
+registration below XLA on GPUs, and that every kernel compiles for sm_90.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from ejkernel.testing import reference  # noqa: E402
 
 from ejkernel_triton import launch  # noqa: E402
 from ejkernel_triton.gated_delta_rule import chunk  # noqa: E402
-from ejkernel_triton.gla.chunk import ChunkFwdParams  # noqa: E402
+from ejkernel_triton.gla.chunk import ChunkBwdParams, ChunkFwdParams  # noqa: E402
 
 
 def _inputs(b, t, h, hv, dk, dv, *, n=None, seed=0, gate_shift=3.0, dtype=jnp.float32):
@@ -69,9 +70,8 @@ def test_outputs_and_final_state_match_reference(shape, params, kw):
     assert _rel(o, want_o) < 1e-5 and _rel(final, want_final) < 1e-5
 
 
-def test_packed_sequences_bfloat16_and_gradients():
-    """Lengths 5, 0, 25 and 3 tokens in none; bfloat16 inputs (output in bfloat16, final state float32); the
-    gradients (the reference's VJP) of every input."""
+def test_packed_sequences_bfloat16():
+    """Lengths 5, 0, 25 and 3 tokens in none; bfloat16 inputs (output in bfloat16, final state float32)."""
     args, h0 = _inputs(1, 33, 2, 2, 16, 16, n=3, seed=2, dtype=jnp.bfloat16)
     cu = jnp.asarray([0, 5, 5, 30], jnp.int32)
     o, final = chunk.gated_delta_rule(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu)
@@ -80,31 +80,91 @@ def test_packed_sequences_bfloat16_and_gradients():
     assert _rel(o, want_o) < 1e-2 and _rel(final, want_final) < 1e-5
     assert np.all(np.asarray(o[0, 30:], np.float32) == 0)  # tokens outside every sequence: zeros
 
-    def loss(fn, *xs):
-        o, s = fn(*xs[:5], initial_state=xs[5], output_final_state=True, cu_seqlens=cu)
-        return jnp.sum(o.astype(jnp.float32) ** 2) + jnp.sum(s)
 
-    f32 = tuple(x.astype(jnp.float32) for x in (*args, h0))
-    got = jax.grad(lambda *xs: loss(chunk.gated_delta_rule, *xs), argnums=tuple(range(6)))(*f32)
-    want = jax.grad(lambda *xs: loss(reference.gated_delta_rule, *xs), argnums=tuple(range(6)))(*f32)
-    for a, b in zip(got, want, strict=True):
-        assert _rel(a, b) < 1e-5
+def _vjps(fn, args, h0, cu, output_final_state, kw, seed=7):
+    """``fn``'s gradients of every input (``initial_state`` when given) for random cotangents of the output and,
+    with ``output_final_state``, of the final state."""
+    rng = np.random.default_rng(seed)
+    primals = (*args, h0) if h0 is not None else args
+
+    def f(*xs):
+        o, final = fn(*xs[:5], initial_state=xs[5] if h0 is not None else None, cu_seqlens=cu, **kw)
+        return (o, final) if output_final_state else o
+
+    out, vjp = jax.vjp(f, *primals)
+    o = out[0] if output_final_state else out
+    do = jnp.asarray(rng.standard_normal(o.shape).astype(np.float32)).astype(o.dtype)
+    if not output_final_state:
+        return vjp(do)
+    return vjp((do, jnp.asarray(rng.standard_normal(out[1].shape).astype(np.float32))))
+
+
+@pytest.mark.parametrize(
+    ("shape", "params", "kw"),
+    [
+        # chunks of 16, the last partial; grouped value heads; initial and final state
+        ((2, 37, 2, 4, 16, 32), ChunkBwdParams(), {}),
+        # 3 value blocks; chunks of 32; use_qk_l2norm
+        ((1, 40, 1, 2, 16, 48), ChunkBwdParams(chunk_size=32, block_v=16), {"use_qk_l2norm": True}),
+        # strong gates, one partial chunk of 64, no initial state, no final state (no state cotangent)
+        ((1, 20, 2, 2, 16, 16), ChunkBwdParams(chunk_size=64), {"gate_shift": -3.0, "h0": False, "final": False}),
+        # packed: lengths 5, 0, 25 and 3 tokens in none; initial and final state
+        ((1, 33, 2, 2, 16, 16), ChunkBwdParams(), {"cu": (0, 5, 5, 30)}),
+        # bfloat16 q, k, v (float32 gates): gradients in the inputs' dtypes, rounded
+        ((1, 37, 1, 2, 16, 16), ChunkBwdParams(), {"dtype": jnp.bfloat16}),
+    ],
+    ids=["grouped-partial-chunk", "value-blocks-l2norm", "strong-gates-no-state", "packed-empty", "bfloat16"],
+)
+def test_gradients_match_reference_vjp(shape, params, kw):
+    """dq, dk, dv, dg, dbeta and dh0 of the chunked backward against ``jax.vjp`` of the reference."""
+    kw = dict(kw)
+    cu = kw.pop("cu", None)
+    cu = None if cu is None else jnp.asarray(cu, jnp.int32)
+    dtype = kw.pop("dtype", jnp.float32)
+    has_h0, final = kw.pop("h0", True), kw.pop("final", True)
+    args, h0 = _inputs(*shape, n=None if cu is None else len(cu) - 1, gate_shift=kw.pop("gate_shift", 3.0), dtype=dtype)
+    h0 = h0 if has_h0 else None
+    kw["output_final_state"] = final
+
+    def fn(*a, **k):
+        return chunk.gated_delta_rule(*a, bwd_params=params, **k)
+
+    got = _vjps(fn, args, h0, cu, final, kw)
+    want = _vjps(reference.gated_delta_rule, args, h0, cu, final, kw)
+    tol = 1e-5 if dtype == jnp.float32 else 1e-2
+    for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, want, strict=False):
+        assert a.dtype == b.dtype, (name, a.dtype, b.dtype)
+        assert _rel(a, b) < tol, (name, _rel(a, b))
+    if cu is not None:  # tokens outside every sequence get no gradient
+        assert all(np.all(np.asarray(x[0, 30:], np.float32) == 0) for x in got[:5])
 
 
 def test_vmap_folds_into_one_launch(monkeypatch):
-    batches = []
-    forward_rows = chunk._forward_rows
-    monkeypatch.setattr(chunk, "_forward_rows", lambda s, tab, *a: batches.append(tab.n) or forward_rows(s, tab, *a))
+    batches: dict[str, list[int]] = {"_forward_rows": [], "_backward_rows": []}
+    for name, seen in batches.items():
+        rows = getattr(chunk, name)
+        monkeypatch.setattr(
+            chunk, name, lambda s, tab, *a, rows=rows, seen=seen: seen.append(tab.n) or rows(s, tab, *a)
+        )
     args, h0 = _inputs(2, 5, 1, 1, 16, 16, seed=8)
 
     def f(*xs):
         return chunk.gated_delta_rule(*xs[:-1], initial_state=xs[-1], output_final_state=True)
 
+    def loss(*xs):
+        o, final = f(*xs)
+        return jnp.sum(o * o) + jnp.sum(final)
+
     eager = f(*args, h0)
     mapped = jax.vmap(f)(*(x[:, None] for x in (*args, h0)))
     for got, want in zip(mapped, eager, strict=True):
         np.testing.assert_allclose(np.asarray(got[:, 0]), np.asarray(want), rtol=1e-6, atol=1e-6)
-    assert batches[-1] == 2, batches  # one launch for the 2 elements of one batch row each
+    assert batches["_forward_rows"][-1] == 2, batches  # one launch for the 2 elements of one batch row each
+    eager = jax.grad(loss, argnums=tuple(range(6)))(*args, h0)
+    mapped = jax.vmap(jax.grad(loss, argnums=tuple(range(6))))(*(x[:, None] for x in (*args, h0)))
+    for got, want in zip(mapped, eager, strict=True):
+        np.testing.assert_allclose(np.asarray(got[:, 0]), np.asarray(want), rtol=1e-5, atol=1e-6)
+    assert batches["_backward_rows"][-1] == 2, batches  # the backward too
 
 
 def test_candidates_supports_and_registration_below_xla_on_gpus():
@@ -117,20 +177,36 @@ def test_candidates_supports_and_registration_below_xla_on_gpus():
         "beta": s((1, 8, 2), jnp.float32),
     }
     inv = Invocation.create("gated_delta_rule", args, "cpu")
-    cands = chunk.candidate_cfgs(inv, "fwd")
-    assert cands[0] == chunk.heuristic_cfg(inv, "fwd") and len(set(cands)) == len(cands) >= 2
+    for stage, cls in (("fwd", ChunkFwdParams), ("bwd", ChunkBwdParams)):
+        cands = chunk.candidate_cfgs(inv, stage)
+        assert cands[0] == chunk.heuristic_cfg(inv, stage) and len(set(cands)) == len(cands) >= 2
+        assert all(type(p) is cls for p in cands)
+        # chunks of 64 run the backward at 2 warps (fla saw its WY backward miscompiled on Hopper at 4)
+        assert all(p.num_warps == 2 for p in cands if stage == "bwd" and p.chunk_size == 64)
+    assert chunk._plan(128, 128, ChunkBwdParams(chunk_size=64)).num_warps == 2
     assert chunk.supports(inv) is None
     with pytest.raises(ValueError, match="block_k must be None or 128"):
         chunk.gated_delta_rule(*_inputs(1, 4, 1, 1, 128, 16)[0], fwd_params=ChunkFwdParams(block_k=64))
+    with pytest.raises(TypeError, match="expected ChunkBwdParams"):
+        chunk.gated_delta_rule(*_inputs(1, 4, 1, 1, 16, 16)[0], bwd_params=ChunkFwdParams())
     assert "beta dtype int32" in chunk.supports(
         Invocation.create("gated_delta_rule", {**args, "beta": s((1, 8, 2), jnp.int32)}, "cpu")
     )
     assert "head dims" in chunk.supports(
         Invocation.create("gated_delta_rule", {**args, "q": s((1, 8, 2, 512), jnp.bfloat16)}, "cpu")
     )
+    wide = Invocation.create("gated_delta_rule", {**args, "q": s((1, 8, 2, 256), jnp.bfloat16)}, "cpu")
+    assert chunk.supports(wide) is None  # the interpreter has no shared-memory limit
+    with pytest.MonkeyPatch.context() as mp:  # on a GPU, K=256 overflows sm_90's shared memory
+        mp.setattr(chunk, "interpreting", lambda: False)
+        assert "key dim K=256 > 128" in chunk.supports(wide)
+        assert chunk.supports(inv) is None
+        assert (
+            chunk._plan(128, 128, ChunkFwdParams()).chunk == 32 and chunk._plan(128, 128, ChunkBwdParams()).chunk == 64
+        )
     gpu = {i.name: i.priority for i in kernel_registry.implementations("gated_delta_rule", backend="gpu")}
     if "xla" in gpu:
-        assert gpu["triton_chunk"] < gpu["xla"], gpu  # not run on a GPU yet, and its backward is the reference's
+        assert gpu["triton_chunk"] < gpu["xla"], gpu  # slower than XLA on the H200 (the module docstring)
     cpu = {i.name: i.priority for i in kernel_registry.implementations("gated_delta_rule", backend="cpu")}
     assert cpu["triton_chunk_interpret"] == 1
 
@@ -139,11 +215,18 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     import jax, jax.numpy as jnp
     from ejkernel_triton import launch
     from ejkernel_triton.gated_delta_rule.chunk import gated_delta_rule
+    from ejkernel_triton.gla.chunk import ChunkBwdParams
     assert not launch.INTERPRET
     z = lambda *shape, dt=jnp.bfloat16: jnp.zeros(shape, dt)
-    for b, t, h, hv, dk, dv in ((4, 4096, 16, 16, 128, 128), (1, 256, 2, 4, 64, 256)):
+    # Each launch compiles for sm_90 and returns zeros. The backward at K = V = 128 only (the largest tiles: the
+    # shared-memory check), in the configuration to check next on the GPU: the default's kernels at 2 warps spill
+    # and take minutes to compile (that default ran on the H200).
+    bwd = ChunkBwdParams(chunk_size=32, block_v=32, num_warps=4)
+    for b, t, h, hv, dk, dv, grad in ((4, 4096, 16, 16, 128, 128, True), (1, 256, 2, 4, 64, 256, False)):
         args = (z(b, t, h, dk), z(b, t, h, dk), z(b, t, hv, dv), z(b, t, hv, dt=jnp.float32), z(b, t, hv, dt=jnp.float32))
-        gated_delta_rule(*args, output_final_state=True)  # each launch compiles for sm_90 and returns zeros
+        out, vjp = jax.vjp(lambda *a: gated_delta_rule(*a, output_final_state=True, bwd_params=bwd), *args)
+        if grad:
+            vjp(out)
     print("compiled")
 """)
 

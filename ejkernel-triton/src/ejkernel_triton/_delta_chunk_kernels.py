@@ -1,4 +1,5 @@
-"""The chunked forward kernels of ``gated_delta_rule`` (the WY representation), three launches.
+"""The chunked kernels of ``gated_delta_rule`` (the WY representation): the forward's three launches and the
+backward's three more.
 
 Per sequence and value head the rule ``S_t = exp(g_t) S_{t-1}``, ``S_t += beta_t k_t (v_t - S_t^T k_t)^T``,
 ``o_t = scale S_t^T q_t`` is cut into chunks of ``BT`` tokens. With ``b`` the chunk-local cumulative log gate (token
@@ -12,10 +13,33 @@ needed), and then
     O      = scale ((Q * exp(b)) S  +  (Q K^T * exp(b_i - b_j), j <= i) U')
     S_next = exp(b_L) S  +  (K * exp(b_L - b))^T U'                          (b_L: the chunk's last valid row)
 
-* :func:`delta_prep`: ``b``, ``w`` and ``u`` of every chunk (``T`` by forward substitution, row by row);
+* :func:`delta_prep`: ``b``, ``w`` and ``u`` of every chunk (``T`` by forward substitution, row by row; the
+  backward also has it store ``T``);
 * :func:`delta_states`: one program per (sequence, value head, value block) walks the chunks with its
   ``[DK, BV]`` state tile in registers; stores ``U'`` and the state at each chunk's start, and the final state;
 * :func:`delta_output`: ``O`` chunk by chunk.
+
+The backward reruns the first two (its own chunk size) and, with ``P = (Q K^T * exp(b_i - b_j), j <= i)``,
+``dH`` the gradient of the state a chunk leaves with and ``S`` the one it is entered with:
+
+* :func:`delta_state_bwd`: the chunks in reverse, ``dH`` in registers (one program per sequence, value head and
+  value block): ``dU' = scale P^T dO + (K * exp(b_L - b)) dH``, then
+  ``dH <- exp(b_L) dH + scale (Q * exp(b))^T dO - w^T dU'``; stores ``dU'``, ``dH`` at each chunk's end and the
+  initial state's gradient;
+* :func:`delta_bwd_wy`: back through ``U' = u - w S``, ``u = T (beta V)``, ``w = T (beta exp(b) K)`` and
+  ``T = (I + A)^-1``. With ``dvb = T^T dU'`` (the gradient of ``beta V``): ``dv = beta dvb``; the gradient of
+  ``beta exp(b) K`` is ``T^T dw = -dvb S^T`` (``dw = -dU' S^T``); ``dA = -T^T dT T^T = -dvb u^T - (T^T dw) w^T
+  = -dvb U'^T``, kept strictly lower. It stores ``dv``, ``dbeta``, the row shares of ``dk`` and ``db`` and the
+  ``[BT, BT]`` matrices whose transposes :func:`delta_bwd_qk` needs, ``dP = scale dO U'^T * exp(b_i - b_j)``
+  (``j <= i``) and ``D = dA * beta_i exp(b_i - b_j)`` (``dA_ij`` times ``A_ij``'s factor of ``k_i . k_j``);
+* :func:`delta_bwd_qk`: ``dq = scale (dO S^T) * exp(b) + dP K``, ``dk`` (with ``dP^T Q + D^T K``, the column
+  shares, and ``(U' dH^T) * exp(b_L - b)``), ``db`` and ``dg``, the reverse cumulative sum of ``db`` within the
+  chunk (``b`` is the chunk-local cumulative sum of ``g``).
+
+``db`` gathers every place ``b`` appears: where a factor ``exp(b_i - b_j)`` scales products ``x_i . y_j``, with
+``dx``, ``dy`` the gradients through them, ``b_i`` gets ``x_i . dx_i`` and ``b_j`` gets ``-y_j . dy_j`` (so
+``q . dq`` for the output's, ``k . dk`` for ``A``'s and ``w``'s factors); ``b_L`` gets ``exp(b_L) sum(S * dH)``
+and every key's share of the state at the chunk's end.
 
 Gates are log decays (``<= 0``), so ``b`` does not increase along a chunk and no exponent taken is positive
 (the differences are masked to ``j <= i`` before ``exp``). Padded rows (past a sequence's end) read ``k``, ``v``,
@@ -23,7 +47,9 @@ Gates are log decays (``<= 0``), so ``b`` does not increase along a chunk and no
 
 Layouts (C-contiguous; ``R = B T`` rows of tokens): ``q``, ``k [R, H, DK]`` (float32: ``use_qk_l2norm`` is
 applied before); ``v [R, HV, DV]``; ``g``, ``beta [R, HV]``; ``w [R, HV, DK]``, ``u``, ``U' [R, HV, DV]``,
-``b [R, HV]`` float32; states ``[N or NT, HV, DK, DV]`` float32; the chunk table of
+``b [R, HV]`` float32; ``T``, ``dP``, ``D [NT, HV, BT, BT]`` float32; states and their gradients
+``[N or NT, HV, DK, DV]`` float32; the backward's ``dU' [R, HV, DV]`` and gradients of ``q``, ``k`` (per value
+head), ``g``, ``beta`` float32, ``dv`` in ``v``'s dtype; the chunk table of
 ``ejkernel_triton._chunk_kernels`` (``Cu``, ``ChunkSeq``, ``ChunkOff``). Value head ``hv`` reads query/key head
 ``hv // (HV // H)``. Every product is a float32 dot at ``PREC``. No dot result is transposed (Triton 3.6
 miscompiles ``tl.trans`` of a Hopper dot accumulator): transposed operands are loaded transposed from memory.
@@ -34,7 +60,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ejkernel_triton._chunk_kernels import chunk_span, tile
+from ejkernel_triton._chunk_kernels import chunk_span, state_at, tile
 
 
 @triton.jit
@@ -55,6 +81,7 @@ def delta_prep(
     W,
     U,
     B,
+    TM,
     H: tl.constexpr,
     HV: tl.constexpr,
     DK: tl.constexpr,
@@ -62,9 +89,10 @@ def delta_prep(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    STORE_T: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """``b``, ``w``, ``u`` of one chunk and value head. Grid ``(NT, HV)``."""
+    """``b``, ``w``, ``u`` of one chunk and value head, and ``T`` (``TM``) when ``STORE_T``. Grid ``(NT, HV)``."""
     i_t, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
     _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
@@ -91,6 +119,8 @@ def delta_prep(
         row = tl.where(o_t == i, 1.0, 0.0) - tl.sum(a_i[:, None] * b_tri, axis=0)
         b_tri = tl.where(pick, row[None, :], b_tri)
 
+    if STORE_T:  # for the backward (padding rows and columns of T are the identity's)
+        tl.store(TM + ((i_t.to(tl.int64) * HV + i_hv) * BT + o_t[:, None]) * BT + o_t[None, :], b_tri)
     b_kw = b_k * (b_beta * tl.exp(b_b))[:, None]
     b_w = tl.dot(b_tri, b_kw, input_precision=PREC)  # [BT, BK]
     tl.store(W + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_w, mask=m_t[:, None] & m_k[None, :])
@@ -219,3 +249,253 @@ def delta_output(
     b_o = tl.dot(b_q * tl.exp(tl.where(m_t, b_b, 0.0))[:, None], b_h, input_precision=PREC)
     b_o = tl.dot(b_s, b_uc, b_o, input_precision=PREC) * scale
     tl.store(O + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_o.to(O.dtype.element_ty), mask=m_tv)
+
+
+# ------------------------------------------------------------------------------------------------
+# Backward.
+# ------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def delta_state_bwd(
+    Q,
+    K_,
+    W,
+    B,
+    DO,
+    DHT,
+    Cu,
+    ChunkOff,
+    scale,
+    DUC,
+    DHE,
+    DH0,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_DHT: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """``dU'`` (``DUC``), the state's gradient at each chunk's end (``DHE``) and before the first (``DH0``; the
+    final state's cotangent ``DHT`` for an empty sequence), chunks in reverse. Grid ``(N * cdiv(DV, BV), HV)``."""
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    i_p, i_hv = tl.program_id(0), tl.program_id(1)
+    i_n = i_p // NV
+    i_v = i_p % NV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(Cu + i_n).to(tl.int64)
+    eos = tl.load(Cu + i_n + 1).to(tl.int64)
+    c0 = tl.load(ChunkOff + i_n)
+    n_chunks = tl.load(ChunkOff + i_n + 1) - c0
+
+    o_t = tl.arange(0, BT)
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k = o_k < DK
+    m_v = o_v < DV
+    m_h = m_k[:, None] & m_v[None, :]
+    p_off = o_k[:, None] * DV + o_v[None, :]
+    b_dh = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_DHT:
+        b_dh += tl.load(DHT + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, mask=m_h, other=0.0)
+    for i_r in range(n_chunks):
+        i_c = n_chunks - 1 - i_r
+        i_t = c0 + i_c
+        tl.store(DHE + (i_t.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_dh, mask=m_h)
+        start = bos + i_c * BT
+        n_rows = tl.minimum(eos - start, BT)
+        rows = start + o_t
+        m_t = o_t < n_rows
+        m_tv = m_t[:, None] & m_v[None, :]
+        m_kt = m_k[:, None] & m_t[None, :]
+        b_b = _scalar_col(B, rows, m_t, i_hv, HV)
+        b_bl = tl.sum(tl.where(o_t == n_rows - 1, b_b, 0.0), axis=0)
+        b_k = tile(K_, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK)  # [BT, BK]
+        b_qT = tile(Q, rows[None, :], o_k[:, None], m_kt, i_h, H, DK)  # [BK, BT]
+        b_wT = tile(W, rows[None, :], o_k[:, None], m_kt, i_hv, HV, DK)  # [BK, BT]
+        b_do = tile(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
+        # P^T, computed as such: [j, i] = k_j . q_i exp(b_i - b_j) for i >= j.
+        causal_t = (o_t[None, :] >= o_t[:, None]) & m_t[None, :]
+        b_pt = tl.dot(b_k, b_qT, input_precision=PREC) * tl.exp(tl.where(causal_t, b_b[None, :] - b_b[:, None], 0.0))
+        b_pt = tl.where(causal_t, b_pt * scale, 0.0)
+        b_kl = b_k * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
+        b_duc = tl.dot(b_kl, b_dh, tl.dot(b_pt, b_do, input_precision=PREC), input_precision=PREC)  # [BT, BV]
+        tl.store(DUC + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_duc, mask=m_tv)
+        b_dh = tl.dot(b_qT * (tl.exp(b_b) * scale)[None, :], b_do, b_dh * tl.exp(b_bl), input_precision=PREC)
+        b_dh = tl.dot(-b_wT, b_duc, b_dh, input_precision=PREC)  # U' = u - w S
+    tl.store(DH0 + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_dh, mask=m_h)
+
+
+@triton.jit
+def delta_bwd_wy(
+    K_,
+    V_,
+    Beta,
+    B,
+    TM,
+    Hs,
+    UC,
+    DUC,
+    DO,
+    Cu,
+    ChunkSeq,
+    ChunkOff,
+    scale,
+    DV_,
+    DBeta,
+    DK1,
+    DB1,
+    DP,
+    DD,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """The WY representation's backward for one chunk and value head, every value block in turn (so ``dbeta``
+    and the key-side sums are whole): ``dv`` (``v``'s dtype), ``dbeta``, the row shares of ``dk`` (``DK1``:
+    ``beta exp(b) (T^T dw) + D K``) and of ``db`` (``DB1``), and ``dP``, ``D`` (``DP``, ``DD``; module docstring).
+    Grid ``(NT, HV)``."""
+    i_t, i_hv = tl.program_id(0), tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < n_rows
+    rows = bos + o_t
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    m_tk = m_t[:, None] & m_k[None, :]
+    p_tt = (i_t.to(tl.int64) * HV + i_hv) * (BT * BT)
+
+    b_b = _scalar_col(B, rows, m_t, i_hv, HV)
+    b_beta = _scalar_col(Beta, rows, m_t, i_hv, HV)
+    b_tt = tl.load(TM + p_tt + o_t[None, :] * BT + o_t[:, None])  # [j, i] = T[i, j]
+    b_dkw = tl.zeros([BT, BK], dtype=tl.float32)  # T^T dw: the gradient of beta exp(b) K
+    b_da = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dp = tl.zeros([BT, BT], dtype=tl.float32)
+    b_dbeta = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        m_tv = m_t[:, None] & m_v[None, :]
+        b_duc = tile(DUC, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
+        b_do = tile(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)
+        b_v = tile(V_, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)
+        b_ucT = tile(UC, rows[None, :], o_v[:, None], m_v[:, None] & m_t[None, :], i_hv, HV, DV)  # [BV, BT]
+        b_hT = state_at(Hs, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)  # [BV, BK]
+        b_dvb = tl.dot(b_tt, b_duc, input_precision=PREC)  # the gradient of beta V
+        p_v = DV_ + (rows[:, None] * HV + i_hv) * DV + o_v[None, :]
+        tl.store(p_v, (b_dvb * b_beta[:, None]).to(DV_.dtype.element_ty), mask=m_tv)
+        b_dbeta += tl.sum(b_dvb * b_v, axis=1)
+        b_dkw = tl.dot(-b_dvb, b_hT, b_dkw, input_precision=PREC)
+        b_da = tl.dot(-b_dvb, b_ucT, b_da, input_precision=PREC)
+        b_dp = tl.dot(b_do, b_ucT, b_dp, input_precision=PREC)
+
+    b_k = tile(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)  # [BT, BK]
+    b_kT = tile(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK)  # [BK, BT]
+    causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
+    b_e = tl.exp(tl.where(causal, b_b[:, None] - b_b[None, :], 0.0))  # exp(b_i - b_j), j <= i (masked below)
+    b_ge = tl.dot(b_k, b_kT, input_precision=PREC) * b_e  # A = beta_i * this, below the diagonal
+    b_da = tl.where(o_t[:, None] > o_t[None, :], b_da, 0.0)
+    b_eb = tl.exp(b_b)
+    b_kdkw = tl.sum(b_k * b_dkw, axis=1)
+    b_dbeta += b_eb * b_kdkw + tl.sum(b_da * b_ge, axis=1)
+    tl.store(DBeta + rows * HV + i_hv, b_dbeta, mask=m_t)
+    b_y = b_da * b_ge * b_beta[:, None]  # dA * A: b_i's share (row sums) and b_j's (column sums)
+    b_db = b_beta * b_eb * b_kdkw + tl.sum(b_y, axis=1) - tl.sum(b_y, axis=0)
+    tl.store(DB1 + rows * HV + i_hv, b_db, mask=m_t)
+    b_dd = b_da * b_e * b_beta[:, None]
+    b_dk = tl.dot(b_dd, b_k, b_dkw * (b_beta * b_eb)[:, None], input_precision=PREC)
+    tl.store(DK1 + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dk, mask=m_tk)
+    p_ij = p_tt + o_t[:, None] * BT + o_t[None, :]
+    tl.store(DD + p_ij, b_dd)
+    tl.store(DP + p_ij, tl.where(causal, b_dp * b_e * scale, 0.0))
+
+
+@triton.jit
+def delta_bwd_qk(
+    Q,
+    K_,
+    B,
+    Hs,
+    UC,
+    DO,
+    DHE,
+    DK1,
+    DB1,
+    DP,
+    DD,
+    Cu,
+    ChunkSeq,
+    ChunkOff,
+    scale,
+    DQ,
+    DK_,
+    DG,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """``dq``, ``dk`` (per value head) and ``dg`` of one chunk and value head (float32), every value block in
+    turn: what :func:`delta_bwd_wy` left plus the output's and the chunk-end state's shares (module docstring).
+    Grid ``(NT, HV)``."""
+    i_t, i_hv = tl.program_id(0), tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < n_rows
+    rows = bos + o_t
+    o_k = tl.arange(0, BK)
+    m_k = o_k < DK
+    m_tk = m_t[:, None] & m_k[None, :]
+
+    b_b = _scalar_col(B, rows, m_t, i_hv, HV)
+    b_bl = tl.sum(tl.where(o_t == n_rows - 1, b_b, 0.0), axis=0)
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)  # dO S^T
+    b_dks = tl.zeros([BT, BK], dtype=tl.float32)  # U' dH^T
+    b_hdh = tl.zeros([BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        m_tv = m_t[:, None] & m_v[None, :]
+        b_do = tile(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
+        b_uc = tile(UC, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)
+        b_hT = state_at(Hs, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)  # [BV, BK]
+        b_dhT = state_at(DHE, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)
+        b_dq = tl.dot(b_do, b_hT, b_dq, input_precision=PREC)
+        b_dks = tl.dot(b_uc, b_dhT, b_dks, input_precision=PREC)
+        b_hdh += tl.sum(b_hT * b_dhT, axis=0)
+
+    b_q = tile(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)  # [BT, BK]
+    b_k = tile(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)
+    p_tt = (i_t.to(tl.int64) * HV + i_hv) * (BT * BT)
+    b_dp = tl.load(DP + p_tt + o_t[:, None] * BT + o_t[None, :])  # [i, j]
+    b_dpT = tl.load(DP + p_tt + o_t[None, :] * BT + o_t[:, None])  # [j, i] = dP[i, j]
+    b_ddT = tl.load(DD + p_tt + o_t[None, :] * BT + o_t[:, None])
+    b_dq = tl.dot(b_dp, b_k, b_dq * (tl.exp(b_b) * scale)[:, None], input_precision=PREC)
+    b_dkp = tl.dot(b_dpT, b_q, input_precision=PREC)  # the keys' share of the output's scores
+    b_dks = b_dks * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]  # ... and of the state at the chunk's end
+    p_x = (rows[:, None] * HV + i_hv) * DK + o_k[None, :]
+    b_dk = tl.load(DK1 + p_x, mask=m_tk, other=0.0) + b_dkp + b_dks
+    b_dk = tl.dot(b_ddT, b_k, b_dk, input_precision=PREC)
+    b_kdks = tl.sum(b_k * b_dks, axis=1)
+    b_db = tl.load(DB1 + rows * HV + i_hv, mask=m_t, other=0.0)
+    b_db += tl.sum(b_q * b_dq, axis=1) - tl.sum(b_k * b_dkp, axis=1) - b_kdks
+    # b_L scales the state entering the chunk and every key's share of the state leaving it.
+    b_db += tl.where(o_t == n_rows - 1, tl.exp(b_bl) * tl.sum(b_hdh, axis=0) + tl.sum(b_kdks, axis=0), 0.0)
+    tl.store(DG + rows * HV + i_hv, tl.cumsum(b_db, axis=0, reverse=True), mask=m_t)
+    tl.store(DQ + p_x, b_dq, mask=m_tk)
+    tl.store(DK_ + p_x, b_dk, mask=m_tk)

@@ -329,9 +329,9 @@ def _forward(
 
 
 def reference_vjp(s: Any, primals: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:
-    """The backward: the VJP of the core's reference recurrence (see the module docstring for its cost). ``s``: any
-    object with ``delta``, ``scale``, ``output_final_state`` and ``use_qk_l2norm`` (:class:`Static`, or the chunked
-    ``gated_delta_rule``'s); ``primals`` ``(q, k, v, g, beta, h0, cu)``."""
+    """The backward: the VJP of the core's reference recurrence (see the module docstring for its cost). ``s``: the
+    call's :class:`Static` (its ``delta``, ``scale``, ``output_final_state`` and ``use_qk_l2norm``); ``primals``
+    ``(q, k, v, g, beta, h0, cu)``."""
     q, k, v, g, beta, h0, cu = primals
     diff = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
     diff = {name: x for name, x in diff.items() if x is not None}

@@ -2,7 +2,7 @@
 
 Registers the Triton kernels for GPUs (flash attention, the attention block, the serving decode kernels, the
 grouped matmul, the fused recurrent ``gla``/``gated_delta_rule``/``lightning_attn``/``recurrent``, the chunked
-``gla``/``lightning_attn``/``recurrent``, the chunked ``gated_delta_rule`` forward, the
+``gla``/``lightning_attn``/``recurrent``/``gated_delta_rule``, the
 ``multi_head_latent_attention`` decode kernel). With ``EJKERNEL_TRITON_INTERPRET=1`` it also registers them for
 the CPU, where the same kernels run in Triton's interpreter: that is for tests only (slow), and the
 variable must be set before anything imports ``triton`` (see ``ejkernel_triton.launch``).
@@ -125,9 +125,8 @@ _KERNELS = (
     ("gla", "gla.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     ("lightning_attn", "lightning_attn.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     ("recurrent", "recurrent.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
-    # The chunked gated_delta_rule forward (the WY representation; backward: the reference's VJP).
-    ("gated_delta_rule", "gated_delta_rule.chunk", _CHUNK_FWD, f"{_RECURRENT}:NoBwdParams", _CHUNK_GPU_PRIORITY,
-     "_chunk"),
+    # The chunked gated_delta_rule (the WY representation), forward and backward.
+    ("gated_delta_rule", "gated_delta_rule.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     ("multi_head_latent_attention", "multi_head_latent_attention",
      "ejkernel_triton.multi_head_latent_attention:MlaDecodeParams",
      "ejkernel_triton.multi_head_latent_attention:MlaBwdParams", _MLA_GPU_PRIORITY, ""),

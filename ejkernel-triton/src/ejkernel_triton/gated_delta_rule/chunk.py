@@ -1,17 +1,28 @@
-"""Triton ``gated_delta_rule`` for training shapes: the chunked forward of ``ejkernel_triton._delta_chunk_kernels``
-(the WY representation, three launches).
+"""Triton ``gated_delta_rule`` for training shapes: the chunked kernels of ``ejkernel_triton._delta_chunk_kernels``
+(the WY representation), forward (three launches) and backward.
 
 Tokens are cut into chunks of ``chunk_size`` (every packed sequence starts a new chunk; the chunk table is
 ``ejkernel_triton.gla.chunk``'s, computed on the device, so the call works under ``jit``). ``use_qk_l2norm``
-normalizes ``q`` and ``k`` in float32 before the launches. Grouped value heads read their query/key head in the
-kernels. Every product is a float32 dot (three tf32 passes on a GPU); states are float32.
+normalizes ``q`` and ``k`` in float32 before the launches (the backward takes the normalization's VJP in XLA).
+Grouped value heads read their query/key head in the kernels; ``dq``/``dk`` are computed per value head and
+summed over each group afterwards. Every product is a float32 dot (three tf32 passes on a GPU); states are
+float32.
 
-Gradients: ``jax.custom_vjp`` whose backward is the VJP of the core's reference recurrence, as for the fused
-recurrent kernel (``ejkernel_triton._recurrent``: ``T * (B or N) * HV * K * V`` float32 of memory); a chunked
-backward kernel is still to come. Launch parameters: :class:`~ejkernel_triton.gla.chunk.ChunkFwdParams`
-(``chunk_size``, ``block_v``, warps, stages; ``block_k`` is the whole padded head dim here) and
-:class:`~ejkernel_triton._recurrent.NoBwdParams`. Declined (``supports``): head dims above 256, dtypes other
-than float32, bfloat16 and float16.
+Gradients: ``jax.custom_vjp`` (residuals: the inputs only). The backward reruns the forward's first two launches
+with its own chunk size (``w``, ``u``, ``T``, ``U'`` and the state at each chunk's start), then the reverse pass of
+the state's gradient (``dU'``, the gradient at each chunk's end, the initial state's), the WY representation's
+backward (``dv``, ``dbeta``) and ``dq``, ``dk``, ``dg``. Its memory: the per-chunk states and their gradients,
+``2 (T / C) * HV * K * V`` float32 per batch row, and ``O(T HV (K + V + C))``. Launch parameters:
+:class:`~ejkernel_triton.gla.chunk.ChunkFwdParams` and :class:`~ejkernel_triton.gla.chunk.ChunkBwdParams`
+(``chunk_size``, ``block_v``, warps, stages; ``block_k`` is the whole padded head dim here). Declined
+(``supports``): head dims above 256 (key dims above 128 on a GPU), dtypes other than float32, bfloat16 and
+float16.
+
+Speed (H200, B4 T4096 H16 K=V=128 bf16): the forward at chunks of 64 took 4.7 ms against XLA's chunked 3.3
+(chunks of 32: about 2.1 ms by its launches timed one by one, :func:`_plan`). The backward's gradients were checked
+on the H200 at its default (chunks of 64, value blocks of 64, 2 warps), where every kernel spills registers:
+forward+backward took 182 ms against XLA's 11.3. Registered below XLA on GPUs until a faster backward is checked
+there (chunks of 32 with value blocks of 32 at 4 warps spill least when compiled here for sm_90).
 
 Importing this module does not import Triton.
 """
@@ -30,9 +41,8 @@ from ejkernel.device import cdiv, fold_vmap
 from ejkernel.kernels.params import coerce
 
 from ejkernel_triton._decode import interpreting
-from ejkernel_triton._recurrent import NoBwdParams, reference_vjp
 from ejkernel_triton.gla import chunk as gla_chunk
-from ejkernel_triton.gla.chunk import ChunkFwdParams, _chunk_table, _pow2, _rows
+from ejkernel_triton.gla.chunk import ChunkBwdParams, ChunkFwdParams, _chunk_table, _group_sum, _pow2, _rows
 
 __all__ = ["candidate_cfgs", "gated_delta_rule", "heuristic_cfg", "supports"]
 
@@ -48,45 +58,52 @@ class Plan:
     num_stages: int
 
 
-def _plan(dk: int, dv: int, p: ChunkFwdParams) -> Plan:
-    """``p``'s fields, else the heuristic's: chunks of 64 (16 in the interpreter), value blocks of 64 channels
-    (all of them in the interpreter), 4 warps, 2 stages. ``block_k``: the kernels take the whole padded key dim,
-    so any other value is refused rather than ignored."""
+def _plan(dk: int, dv: int, p: ChunkFwdParams | ChunkBwdParams) -> Plan:
+    """``p``'s fields, else the heuristic's: chunks of 32 for the forward, 64 for the backward (16 in the
+    interpreter), value blocks of 64 channels (all of them in the interpreter), 4 warps (the backward: 2 at chunks
+    of 64, where fla saw its WY backward miscompiled on Hopper at 4), 2 stages. ``block_k``: the kernels take the
+    whole padded key dim, so any other value is refused rather than ignored.
+
+    Measured on the H200 (B4 T4096 H16 K=V=128, the forward's three launches timed one by one,
+    ``benchmarks/results/2026-12-03-h200-gdr-chunk-launches.log``): chunks of 64 spend most of their time in the
+    row-by-row forward substitution of ``delta_prep`` (1.75 ms of 3.08 with single-pass tf32 dots), chunks of 32
+    take 2.12 ms in all. The backward's default is the one configuration whose gradients were checked on the GPU;
+    it spills registers at 2 warps and is slow (module docstring)."""
     if p.block_k is not None and p.block_k != _pow2(dk):
         raise ValueError(
-            f"ejkernel-triton {OP} (chunked): ChunkFwdParams.block_k must be None or {_pow2(dk)} (the whole padded "
-            f"key dim K={dk}), got {p.block_k}"
+            f"ejkernel-triton {OP} (chunked): {type(p).__name__}.block_k must be None or {_pow2(dk)} (the whole "
+            f"padded key dim K={dk}), got {p.block_k}"
         )
     bv = _pow2(dv) if interpreting() else min(64, _pow2(dv))
+    bwd = isinstance(p, ChunkBwdParams)
+    chunk = p.chunk_size or (16 if interpreting() else 64 if bwd else 32)
     return Plan(
-        p.chunk_size or (16 if interpreting() else 64),
+        chunk,
         min(p.block_v or bv, _pow2(dv)),
-        p.num_warps or 4,
+        p.num_warps or (2 if bwd and chunk == 64 else 4),
         p.num_stages or (1 if interpreting() else 2),
     )
 
 
-def _params(plan: Plan) -> ChunkFwdParams:
-    return ChunkFwdParams(
-        chunk_size=plan.chunk, block_v=plan.block_v, num_warps=plan.num_warps, num_stages=plan.num_stages
-    )
+def _params(cls: type[ChunkFwdParams] | type[ChunkBwdParams], plan: Plan) -> Any:
+    return cls(chunk_size=plan.chunk, block_v=plan.block_v, num_warps=plan.num_warps, num_stages=plan.num_stages)
 
 
-def heuristic_cfg(inv: Any, stage: str = "fwd") -> ChunkFwdParams | NoBwdParams:
-    if stage != "fwd":
-        return NoBwdParams()  # the backward is the reference's VJP: nothing to tune
+def heuristic_cfg(inv: Any, stage: str = "fwd") -> ChunkFwdParams | ChunkBwdParams:
+    cls = ChunkFwdParams if stage == "fwd" else ChunkBwdParams
     args = gla_chunk._arguments(inv)
-    return _params(_plan(int(args["q"].shape[-1]), int(args["v"].shape[-1]), ChunkFwdParams()))
+    return _params(cls, _plan(int(args["q"].shape[-1]), int(args["v"].shape[-1]), cls()))
 
 
-def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[NoBwdParams]:
-    """The heuristic's first; chunks of 32 and value blocks of 32, 4 or 8 warps."""
+def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[ChunkBwdParams]:
+    """The heuristic's first; then chunks of 32 or 64, value blocks of 32 or 64, 4 or 8 warps (the backward:
+    chunks of 64 at 2 warps only, see :func:`_plan`)."""
+    base = heuristic_cfg(inv, stage)
+    out: list[Any] = [base]
+    others: tuple[tuple[int, int, int], ...] = ((64, 64, 4), (64, 32, 4), (32, 64, 4), (64, 64, 8), (32, 32, 4))
     if stage != "fwd":
-        return [NoBwdParams()]
-    base = heuristic_cfg(inv, "fwd")
-    assert isinstance(base, ChunkFwdParams)
-    out = [base]
-    for chunk, bv, warps in ((64, 32, 4), (32, 64, 4), (64, 64, 8), (32, 32, 4)):
+        others = ((64, 32, 2), (32, 64, 4), (32, 32, 4), (32, 64, 2))
+    for chunk, bv, warps in others:
         p = dataclasses.replace(base, chunk_size=chunk, block_v=min(bv, base.block_v or bv), num_warps=warps)
         if p not in out:
             out.append(p)
@@ -94,39 +111,64 @@ def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[
 
 
 def supports(inv: Any) -> str | None:
-    """The chunked ``gla``'s rules (dtypes, head dims up to 256), for ``q``, ``g``, ``beta``, ``initial_state``."""
+    """The chunked ``gla``'s rules (dtypes, head dims up to 256), for ``q``, ``g``, ``beta``, ``initial_state``;
+    on a GPU, key dims up to 128: at 256 the state pass's ``[K, block_v]`` float32 tiles need more shared memory
+    than sm_90 has (311 KiB at value blocks of 64)."""
     reason = gla_chunk.supports(inv)
-    beta = gla_chunk._arguments(inv).get("beta")
+    args = gla_chunk._arguments(inv)
+    beta = args.get("beta")
     if reason is None and beta is not None and np.dtype(beta.dtype).name not in ("float32", "bfloat16", "float16"):
         reason = f"ejkernel-triton {OP} (chunked): beta dtype {np.dtype(beta.dtype).name} is not supported"
+    if reason is None and not interpreting() and int(args["q"].shape[-1]) > 128:
+        reason = (
+            f"ejkernel-triton {OP} (chunked): key dim K={int(args['q'].shape[-1])} > 128 is not supported on a GPU "
+            "(the state pass's tiles exceed sm_90's shared memory)"
+        )
     return reason
 
 
 @dataclasses.dataclass(frozen=True)
 class Static:
-    plan: Plan
+    """Everything static about one call: the custom_vjp's non-differentiable argument."""
+
+    fwd: Plan
+    bwd: Plan
     scale: float
     output_final_state: bool
     use_qk_l2norm: bool
-    delta: bool = True  # for ``_recurrent.reference_vjp``, the backward
 
 
 def _prec() -> str:
     return "ieee" if interpreting() else "tf32x3"
 
 
-def _forward_rows(s: Static, tab: Any, q, k, v, g, beta, h0):  # noqa: ANN001, ANN202
-    """``(o [R, HV, V], final state [N, HV, K, V])`` of token rows laid out by ``tab``, float32."""
+def _launch_common(plan: Plan, h: int, hv: int, dk: int, dv: int) -> dict[str, Any]:
+    """The constexprs and launch options every kernel of ``plan`` takes."""
+    return {
+        "H": h,
+        "HV": hv,
+        "DK": dk,
+        "DV": dv,
+        "BT": plan.chunk,
+        "BK": _pow2(dk),
+        "BV": plan.block_v,
+        "PREC": _prec(),
+        "num_warps": plan.num_warps,
+        "num_stages": plan.num_stages,
+    }
+
+
+def _prologue(plan: Plan, tab: Any, k, v, g, beta, h0, store_t: bool):  # noqa: ANN001, ANN202
+    """What the forward and the backward both need: ``(w, u, b, T or None, U', the state at each chunk's start,
+    the final state)``, float32."""
     from ejkernel_triton import _delta_chunk_kernels as kern
     from ejkernel_triton import launch
 
-    plan = s.plan
-    r, h, dk = q.shape
+    r, h, dk = k.shape
     hv, dv = v.shape[1], v.shape[2]
-    bk, f32 = _pow2(dk), jnp.float32
-    sizes: dict[str, Any] = {"H": h, "HV": hv, "DK": dk, "DV": dv, "BT": plan.chunk, "BK": bk, "PREC": _prec()}
-    common: dict[str, Any] = {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
-    w, u, b = launch.launch(
+    f32 = jnp.float32
+    common = _launch_common(plan, h, hv, dk, dv)
+    w, u, b, t = launch.launch(
         kern.delta_prep,
         k,
         v,
@@ -139,11 +181,11 @@ def _forward_rows(s: Static, tab: Any, q, k, v, g, beta, h0):  # noqa: ANN001, A
             jax.ShapeDtypeStruct((r, hv, dk), f32),
             jax.ShapeDtypeStruct((r, hv, dv), f32),
             jax.ShapeDtypeStruct((r, hv), f32),
+            jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk) if store_t else (1,), f32),
         ),
         grid=(tab.nt, hv),
         name="ejkernel_gdr_chunk_prep",
-        BV=plan.block_v,
-        **sizes,
+        STORE_T=store_t,
         **common,
     )
     uc, hs, ht = launch.launch(
@@ -162,11 +204,21 @@ def _forward_rows(s: Static, tab: Any, q, k, v, g, beta, h0):  # noqa: ANN001, A
         ),
         grid=(tab.n * cdiv(dv, plan.block_v), hv),
         name="ejkernel_gdr_chunk_states",
-        BV=plan.block_v,
         HAS_H0=h0 is not None,
-        **sizes,
         **common,
     )
+    return w, u, b, (t if store_t else None), uc, hs, ht
+
+
+def _forward_rows(s: Static, tab: Any, q, k, v, g, beta, h0):  # noqa: ANN001, ANN202
+    """``(o [R, HV, V], final state [N, HV, K, V])`` of token rows laid out by ``tab``, float32."""
+    from ejkernel_triton import _delta_chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    plan = s.fwd
+    r, h, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    _, _, b, _, uc, hs, ht = _prologue(plan, tab, k, v, g, beta, h0, False)
     (o,) = launch.launch(
         kern.delta_output,
         q,
@@ -178,32 +230,151 @@ def _forward_rows(s: Static, tab: Any, q, k, v, g, beta, h0):  # noqa: ANN001, A
         tab.seq,
         tab.off,
         float(s.scale),
-        out_shape=(jax.ShapeDtypeStruct((r, hv, dv), f32),),
+        out_shape=(jax.ShapeDtypeStruct((r, hv, dv), jnp.float32),),
         grid=(tab.nt * cdiv(dv, plan.block_v), hv),
         zeroed_outputs=(0,),  # tokens outside every sequence give zeros
         name="ejkernel_gdr_chunk_output",
-        BV=plan.block_v,
-        **sizes,
-        **common,
+        **_launch_common(plan, h, hv, dk, dv),
     )
     return o, ht
 
 
+def _backward_rows(s: Static, tab: Any, q, k, v, g, beta, h0, do, dht):  # noqa: ANN001, ANN202
+    """``(dq, dk [R, HV, K] per value head, dv [R, HV, V] in v's dtype, dg, dbeta [R, HV], dh0 [N, HV, K, V])``,
+    float32 but ``dv``."""
+    from ejkernel_triton import _delta_chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    plan = s.bwd
+    r, h, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    f32 = jnp.float32
+    common = _launch_common(plan, h, hv, dk, dv)
+    w, _, b, t, uc, hs, _ = _prologue(plan, tab, k, v, g, beta, h0, True)
+    duc, dhe, dh0 = launch.launch(
+        kern.delta_state_bwd,
+        q,
+        k,
+        w,
+        b,
+        do,
+        jnp.asarray(_DUMMY_F32) if dht is None else dht,
+        tab.cu,
+        tab.off,
+        float(s.scale),
+        out_shape=(
+            jax.ShapeDtypeStruct((r, hv, dv), f32),
+            jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), f32),
+            jax.ShapeDtypeStruct((tab.n, hv, dk, dv), f32),
+        ),
+        grid=(tab.n * cdiv(dv, plan.block_v), hv),
+        name="ejkernel_gdr_chunk_state_bwd",
+        HAS_DHT=dht is not None,
+        **common,
+    )
+    square = jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), f32)
+    dv_, dbeta, dk1, db1, dp, dd = launch.launch(
+        kern.delta_bwd_wy,
+        k,
+        v,
+        beta,
+        b,
+        t,
+        hs,
+        uc,
+        duc,
+        do,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        float(s.scale),
+        out_shape=(
+            jax.ShapeDtypeStruct(v.shape, v.dtype),
+            jax.ShapeDtypeStruct((r, hv), f32),
+            jax.ShapeDtypeStruct((r, hv, dk), f32),
+            jax.ShapeDtypeStruct((r, hv), f32),
+            square,
+            square,
+        ),
+        grid=(tab.nt, hv),
+        zeroed_outputs=(0, 1),  # tokens outside every sequence get no gradient
+        name="ejkernel_gdr_chunk_bwd_wy",
+        **common,
+    )
+    dq, dk_, dg = launch.launch(
+        kern.delta_bwd_qk,
+        q,
+        k,
+        b,
+        hs,
+        uc,
+        do,
+        dhe,
+        dk1,
+        db1,
+        dp,
+        dd,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        float(s.scale),
+        out_shape=(
+            jax.ShapeDtypeStruct((r, hv, dk), f32),
+            jax.ShapeDtypeStruct((r, hv, dk), f32),
+            jax.ShapeDtypeStruct((r, hv), f32),
+        ),
+        grid=(tab.nt, hv),
+        zeroed_outputs=(0, 1, 2),
+        name="ejkernel_gdr_chunk_bwd_qk",
+        **common,
+    )
+    return dq, dk_, dv_, dg, dbeta, dh0
+
+
 def _forward_dense(s: Static, has_h0: bool, q, k, v, g, beta, h0):  # noqa: ANN001, ANN202
     b, t = q.shape[:2]
-    tab = _chunk_table(b, t, s.plan.chunk, None)
+    tab = _chunk_table(b, t, s.fwd.chunk, None)
     o, ht = _forward_rows(s, tab, _rows(q), _rows(k), _rows(v), _rows(g), _rows(beta), h0 if has_h0 else None)
     return o.reshape(v.shape), ht
+
+
+def _backward_dense(s: Static, has_h0: bool, has_dht: bool, q, k, v, g, beta, h0, do, dht):  # noqa: ANN001, ANN202
+    b, t, h, _ = q.shape
+    tab = _chunk_table(b, t, s.bwd.chunk, None)
+    dq, dk, dv, dg, dbeta, dh0 = _backward_rows(
+        s,
+        tab,
+        _rows(q),
+        _rows(k),
+        _rows(v),
+        _rows(g),
+        _rows(beta),
+        h0 if has_h0 else None,
+        _rows(do),
+        dht if has_dht else None,
+    )
+    return (
+        _group_sum(dq, h).reshape(q.shape),
+        _group_sum(dk, h).reshape(k.shape),
+        dv.reshape(v.shape),
+        dg.reshape(g.shape),
+        dbeta.reshape(beta.shape),
+        dh0,
+    )
+
+
+def _kernel_qk(use_qk_l2norm: bool, q, k):  # noqa: ANN001, ANN202
+    """``q``, ``k`` as the kernels take them: float32, normalized with ``use_qk_l2norm``."""
+    from ejkernel.testing.reference.gated_delta_rule import l2_normalize
+
+    q, k = q.astype(jnp.float32), k.astype(jnp.float32)
+    return (l2_normalize(q), l2_normalize(k)) if use_qk_l2norm else (q, k)
 
 
 def _forward(s: Static, q, k, v, g, beta, h0, cu):  # noqa: ANN001, ANN202
     """``(o in q's dtype, final state)``; dense calls fold ``vmap`` into the batch, packed ones run per element."""
     out_dtype = q.dtype
-    q, k = q.astype(jnp.float32), k.astype(jnp.float32)
-    if s.use_qk_l2norm:
-        from ejkernel.testing.reference.gated_delta_rule import l2_normalize
-
-        q, k = l2_normalize(q), l2_normalize(k)
+    q, k = _kernel_qk(s.use_qk_l2norm, q, k)
     h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0.astype(jnp.float32)
     if cu is None:
         run = fold_vmap(
@@ -211,15 +382,51 @@ def _forward(s: Static, q, k, v, g, beta, h0, cu):  # noqa: ANN001, ANN202
         )
         o, ht = run(q, k, v, g, beta, h0_)
     else:
-        tab = _chunk_table(1, q.shape[1], s.plan.chunk, cu)
+        tab = _chunk_table(1, q.shape[1], s.fwd.chunk, cu)
         o, ht = _forward_rows(s, tab, q[0], k[0], v[0], g[0], beta[0], h0_ if h0 is not None else None)
         o = o[None]
     return o.astype(out_dtype), ht
 
 
+def _backward(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:
+    q_in, k_in, v, g, beta, h0, cu = res
+    (q, k), qk_vjp = jax.vjp(functools.partial(_kernel_qk, s.use_qk_l2norm), q_in, k_in)
+    do = cotangents[0]
+    dht = cotangents[1].astype(jnp.float32) if s.output_final_state else None  # else the final state is dropped
+    has_h0, has_dht = h0 is not None, dht is not None
+    h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0.astype(jnp.float32)
+    dht_ = jnp.asarray(_DUMMY_F32) if dht is None else dht
+    if cu is None:
+        run = fold_vmap(
+            functools.partial(_backward_dense, s, has_h0, has_dht),
+            (0, 0, 0, 0, 0, 0 if has_h0 else None, 0, 0 if has_dht else None),
+            0,
+        )
+        dq, dk, dv, dg, dbeta, dh0 = run(q, k, v, g, beta, h0_, do, dht_)
+    else:
+        h = q.shape[2]
+        tab = _chunk_table(1, q.shape[1], s.bwd.chunk, cu)
+        dq, dk, dv, dg, dbeta, dh0 = _backward_rows(
+            s, tab, q[0], k[0], v[0], g[0], beta[0], h0_ if has_h0 else None, do[0], dht_ if has_dht else None
+        )
+        dq, dk = _group_sum(dq, h)[None], _group_sum(dk, h)[None]
+        dv, dg, dbeta = dv[None], dg[None], dbeta[None]
+    dq, dk = qk_vjp((dq, dk))  # back through the normalization (and the float32 cast)
+    return (
+        dq.astype(q_in.dtype),
+        dk.astype(k_in.dtype),
+        dv.astype(v.dtype),
+        dg.astype(g.dtype),
+        dbeta.astype(beta.dtype),
+        None if h0 is None else dh0.astype(h0.dtype),
+        None,
+    )
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def chunk_delta(s: Static, q, k, v, g, beta, h0, cu):  # noqa: ANN001, ANN201
-    """``(o, final state)``: the chunked forward, the reference's VJP backward (module docstring)."""
+    """``(o, final state)`` by the chunked kernels (forward and backward, module docstring); ``cu`` gets no
+    gradient, ``h0`` any float dtype (its gradient has it)."""
     return _forward(s, q, k, v, g, beta, h0, cu)
 
 
@@ -227,11 +434,7 @@ def _chunk_delta_fwd(s: Static, q, k, v, g, beta, h0, cu):  # noqa: ANN001, ANN2
     return _forward(s, q, k, v, g, beta, h0, cu), (q, k, v, g, beta, h0, cu)
 
 
-def _chunk_delta_bwd(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:
-    return reference_vjp(s, res, cotangents if s.output_final_state else cotangents[:1])
-
-
-chunk_delta.defvjp(_chunk_delta_fwd, _chunk_delta_bwd)
+chunk_delta.defvjp(_chunk_delta_fwd, _backward)
 
 
 def gated_delta_rule(
@@ -247,18 +450,24 @@ def gated_delta_rule(
     cu_seqlens: jax.Array | None = None,
     use_qk_l2norm: bool = False,
     fwd_params: ChunkFwdParams | None = None,
-    bwd_params: NoBwdParams | None = None,
+    bwd_params: ChunkBwdParams | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """The gated delta rule (contract: ``ejkernel.modules.operations.gated_delta_rule``) by the chunked forward.
+    """The gated delta rule (contract: ``ejkernel.modules.operations.gated_delta_rule``) by the chunked kernels.
 
     Shapes: ``q``, ``k [B, T, H, K]``, ``v [B, T, HV, V]``, ``g``, ``beta [B, T, HV]``, ``initial_state
     [B or N, HV, K, V]``, ``cu_seqlens [N + 1]``; returns ``(o [B, T, HV, V] in q's dtype, final state float32
     or None)``."""
-    p = coerce(ChunkFwdParams, fwd_params) or ChunkFwdParams()
-    coerce(NoBwdParams, bwd_params)  # checked: a wrong class is an error, never ignored
+    fp = coerce(ChunkFwdParams, fwd_params) or ChunkFwdParams()
+    bp = coerce(ChunkBwdParams, bwd_params) or ChunkBwdParams()
     q, k, v, g, beta = (jnp.asarray(x) for x in (q, k, v, g, beta))
     dk, dv = int(q.shape[-1]), int(v.shape[-1])
-    s = Static(_plan(dk, dv, p), float(dk**-0.5 if scale is None else scale), bool(output_final_state), use_qk_l2norm)
+    s = Static(
+        _plan(dk, dv, fp),
+        _plan(dk, dv, bp),
+        float(dk**-0.5 if scale is None else scale),
+        bool(output_final_state),
+        bool(use_qk_l2norm),
+    )
     h0 = None if initial_state is None else jnp.asarray(initial_state)
     cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens)
     o, final = chunk_delta(s, q, k, v, g, beta, h0, cu)
