@@ -70,7 +70,7 @@ def test_gpu_plans_offer_both_accumulators(monkeypatch):
     monkeypatch.setattr(interface, "interpreting", lambda: False)
     d = _deepseek(64)
     base = interface.default_plan(d)
-    assert (base.block_rows, base.block_dv, base.num_warps) == (64, 256, 8)
+    assert (base.block_rows, base.block_dv, base.block_n, base.num_warps, base.num_stages) == (64, 512, 64, 8, 1)
     plans = interface.candidate_plans(d)
     assert plans[0] == base and len(plans) == len(set(plans)) <= 8
     assert any(p.block_dv == 512 for p in plans), "one value block (no score recomputation) is a candidate"

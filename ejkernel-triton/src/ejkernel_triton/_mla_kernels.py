@@ -41,12 +41,21 @@ from ejkernel_triton.language import LN2, LOG2E, mma, online_softmax_step  # the
 
 
 @triton.jit
-def _token_rows(Tables, i_b64, tokens, ok, M, S, P, PAGE: tl.constexpr, PAGED: tl.constexpr):
-    """Rows of the flattened cache that hold ``tokens`` of batch ``i_b64`` (int64; a valid row where not ``ok``)."""
+def _token_rows(
+    Tables, i_b64, start, tokens, ok, M, S, P, PAGE: tl.constexpr, PAGED: tl.constexpr, BLOCK_N: tl.constexpr
+):
+    """Rows of the flattened cache that hold ``tokens = start + arange(BLOCK_N)`` of batch ``i_b64`` (int64; a valid
+    row where not ``ok``). With pages a multiple of the tile (``start`` is a multiple of ``BLOCK_N``) the tile lies in
+    one page: one table entry, and rows the compiler knows to be consecutive (one contiguous block to load)."""
     if PAGED:
-        b_page = tl.load(Tables + i_b64 * M + tokens // PAGE, mask=ok, other=0)
-        b_page = tl.minimum(tl.maximum(b_page, 0), P - 1)  # never outside the cache, whatever the table holds
-        rows = b_page.to(tl.int64) * PAGE + (tokens % PAGE)
+        if PAGE % BLOCK_N == 0:
+            b_page = tl.load(Tables + i_b64 * M + start // PAGE)  # start < L <= M * PAGE: inside the table
+            b_page = tl.minimum(tl.maximum(b_page, 0), P - 1)  # never outside the cache, whatever the table holds
+            rows = b_page.to(tl.int64) * PAGE + (start % PAGE) + tl.arange(0, BLOCK_N)
+        else:
+            b_page = tl.load(Tables + i_b64 * M + tokens // PAGE, mask=ok, other=0)
+            b_page = tl.minimum(tl.maximum(b_page, 0), P - 1)
+            rows = b_page.to(tl.int64) * PAGE + (tokens % PAGE)
     else:
         rows = i_b64 * S + tl.where(ok, tokens, 0)
     return rows
@@ -120,7 +129,7 @@ def mla_decode_fwd(
     for start in range(k_start, k_stop, BLOCK_N):
         tokens = start + tl.arange(0, BLOCK_N)
         ok = tokens < k_stop
-        p_kv = KV + _token_rows(Tables, i_b64, tokens, ok, M, S, P, PAGE, PAGED) * D  # [BN] row bases
+        p_kv = KV + _token_rows(Tables, i_b64, start, tokens, ok, M, S, P, PAGE, PAGED, BLOCK_N) * D  # [BN] row bases
         # the key tiles transposed through the pointers: [dims, BN], the dots' right operands as they are
         b_klt = tl.load(p_kv[None, :] + o_l[:, None], mask=m_l[:, None] & ok[None, :], other=0.0)  # [BDL, BN]
         b_s = mma(b_ql, b_klt, tl.zeros([BLOCK_R, BLOCK_N], tl.float32))  # [BR, BN]

@@ -80,7 +80,7 @@ _MIN_BLOCKS_PER_SPLIT = 2  # below this a split's fixed cost (the query load, it
 _MAX_SPLITS = 64
 # Half precision: the float32 accumulator a program holds (64 x 256: 64 registers a thread with 8 warps, beside
 # the query operand and the score tile). float32 inputs run FMA dots, whose operands sit in registers too: smaller.
-_ACC_ELEMENTS = {2: 64 * 256, 4: 16 * 128}
+_ACC_ELEMENTS = {2: 64 * 512, 4: 16 * 128}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,22 +218,25 @@ def num_splits(d: Dims, block_rows: int, block_dv: int, block_n: int, sms: int |
 
 
 def default_plan(d: Dims) -> Plan:
-    """The heuristic on Hopper. Half precision: up to 64 rows (a wgmma's M), the value dims split until the
-    accumulator is at most 64 x 256 float32 (DeepSeek's Dl = 512 with 128 heads: two value blocks of 256), 32-key
-    tiles when D > 256 (64 otherwise), 8 warps for a full accumulator, 2 stages where shared memory allows.
-    float32: 16 rows, 16 keys, 128 value dims (FMA dots hold their operands in registers). In Triton's
-    interpreter: one value block, 16-key tiles, 2 splits (small and quick, still exercising the merge)."""
+    """The heuristic on Hopper. Half precision: up to 64 rows (a wgmma's M), one value block up to Dl = 512 (the
+    scores computed once; a 64 x 512 float32 accumulator is 128 registers a thread over 8 warps), 64-key tiles, 1
+    stage (a 64 x 576 key tile and the query tile take 144 KB of shared memory).
+    Timed on the H200 at DeepSeek-V3's dims, B64 x 4096, 2026-12-04 (``benchmarks/gpucheck/mla_variants.py``):
+    0.64-0.77 ms against 1.12-1.19 ms for the former two value blocks of 256 with 32-key tiles (H128); 0.37-0.39
+    against 0.47-0.53 ms with 16 heads. float32: 16 rows, 16 keys, 128 value dims (FMA dots hold their operands
+    in registers). In Triton's interpreter: one value block, 16-key tiles, 2 splits (small and quick, still
+    exercising the merge)."""
     bdl, rows = _pow2(d.dl), _pow2(d.rows)
     if interpreting():
         return Plan(min(64, rows), 16, bdl, 2, 4, 1)
     if d.e < 4:
         block_rows = min(64, rows)
         block_dv = min(bdl, max(16, _ACC_ELEMENTS[2] // block_rows))
-        block_n = 32 if d.dl + d.dr > 256 else 64
+        block_n = 64
     else:
         block_rows, block_dv, block_n = 16, min(bdl, 128), 16
     warps = 8 if block_rows * block_dv >= _ACC_ELEMENTS[2] or bdl >= 256 else 4
-    stages = _stages(d, block_rows, block_n, block_dv, 2)
+    stages = _stages(d, block_rows, block_n, block_dv, 1)
     return Plan(block_rows, block_n, block_dv, num_splits(d, block_rows, block_dv, block_n), warps, stages)
 
 
@@ -261,12 +264,17 @@ def params_of(plan: Plan) -> MlaDecodeParams:
     )
 
 
-# (rows, keys per tile, value dims, warps, stages) around the heuristic: one value block (the whole [64, Dl]
-# accumulator in one program: no score recomputation, but 128 registers a thread of it: on sm_90 at DeepSeek's dims
-# ptxas spills 44 bytes), 16-key tiles 3 deep, narrow value blocks with 4 warps, and 32 rows (below a wgmma's 64:
-# mma.sync, twice the programs per key tile). 64-key tiles fit one stage only and then spill (368 bytes with a
-# [64, 256] accumulator, 136 with [64, 128]): left out.
-_GPU_SHAPES = ((64, 32, 1024, 8, 2), (64, 16, 256, 8, 3), (64, 32, 128, 4, 2), (32, 32, 1024, 8, 2))
+# (rows, keys per tile, value dims, warps, stages) around the heuristic (times: the H200 at DeepSeek-V3's dims,
+# H128 / H16, 2026-12-04): 32-key tiles 2 deep (0.68-0.70 / 0.46 ms against the default's 0.64-0.77 / 0.37-0.39),
+# 16-key tiles 3 deep, the former default (two value blocks of 256: 1.12-1.19 / 0.47-0.53 ms), narrow value
+# blocks with 4 warps, and 32 rows (below a wgmma's 64: mma.sync, twice the programs per key tile).
+_GPU_SHAPES = (
+    (64, 32, 1024, 8, 2),
+    (64, 16, 1024, 8, 3),
+    (64, 32, 256, 8, 2),
+    (64, 32, 128, 4, 2),
+    (32, 32, 1024, 8, 2),
+)
 
 
 def candidate_plans(d: Dims) -> list[Plan]:

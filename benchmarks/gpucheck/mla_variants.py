@@ -1,0 +1,142 @@
+"""MLA decode on a GPU: the split-K kernel under several launch plans, and the transposed variant
+(``mla_t_kernel.py``: scores computed as ``K Q^T``, the output accumulated transposed, one value block), each
+checked against the float32 reference and timed (median of 20, ``jax.block_until_ready``). Also the XLA
+``page_attention`` fallback at two key-block sizes against the naive gather + dense attention.
+
+Shapes: DeepSeek-V3 decode, B64 x 4096, H128 (and H16), Dl 512, Dr 64, page 64, bf16. TB/s count the latent
+cache once plus Q and O (the bench's model). Run on the GPU machine after ``bash .ci/gpu setup``:
+``PYTHONPATH=/tmp/ejk-site:benchmarks/gpucheck python3 benchmarks/gpucheck/mla_variants.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import mla_t_kernel  # noqa: E402 (next to this script)
+import numpy as np
+
+from ejkernel.device import cdiv
+from ejkernel.testing import reference
+
+from ejkernel_triton import launch
+from ejkernel_triton._decode import merge_splits
+from ejkernel_triton.multi_head_latent_attention import interface as mla
+
+B, L, DL, DR, P = 64, 4096, 512, 64, 64
+
+
+def ms(f, *args):
+    f = jax.jit(f)
+    jax.block_until_ready(f(*args))
+    ts = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def transposed(q, kv, lens, tables, br, bn, warps, stages, splits):
+    b, t, h, d = q.shape
+    r = t * h
+    o, lse = launch.launch(
+        mla_t_kernel.mla_decode_fwd_t, q, kv, lens, tables, float(d**-0.5), int(tables.shape[1]), int(kv.shape[1]),
+        int(kv.shape[0]),
+        out_shape=(jax.ShapeDtypeStruct((b, splits, r, DL), jnp.float32), jax.ShapeDtypeStruct((b, splits, r), jnp.float32)),
+        grid=(cdiv(r, br), splits, b), num_warps=warps, num_stages=stages, name="mla_t",
+        T=t, H=h, DL=DL, DR=d - DL, BLOCK_R=br, BLOCK_DL=DL, BLOCK_DR=64, BLOCK_N=bn, PAGE=int(kv.shape[1]), PAGED=True,
+        CAUSAL=False, NUM_SPLITS=splits,
+    )  # fmt: skip
+    return merge_splits(o, lse, q.dtype).reshape(b, t, h, DL)
+
+
+def mla_case(h):
+    rng = np.random.default_rng(0)
+    q = jnp.asarray(rng.standard_normal((B, 1, h, DL + DR)), jnp.bfloat16)
+    kv = jnp.asarray(rng.standard_normal((B * L // P, P, DL + DR)), jnp.bfloat16)
+    tables = jnp.asarray(rng.permutation(B * L // P).reshape(B, L // P), jnp.int32)
+    lens = jnp.full((B,), L, jnp.int32)
+    ref = reference.multi_head_latent_attention(
+        q.astype(jnp.float32), kv.astype(jnp.float32), latent_dim=DL, block_tables=tables, cache_seqlens=lens
+    )
+    nbytes = B * L * (DL + DR) * 2 + B * h * (2 * DL + DR) * 2
+    flops = 2 * B * h * L * (DL + DR + DL)
+
+    def report(name, f):
+        try:
+            out = jax.jit(f)(q, kv, lens, tables)
+            err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref)) / jnp.max(jnp.abs(ref)))
+            t = ms(f, q, kv, lens, tables)
+            ok = "PASS" if err < 2e-2 else "FAIL"
+            print(
+                f"H{h} {name:34s} {t:8.3f} ms {nbytes / t / 1e9:6.2f} TB/s {flops / t / 1e9:6.0f} TFLOP/s err {err:.1e} {ok}",
+                flush=True,
+            )
+        except Exception as e:  # noqa: BLE001
+            print(f"H{h} {name:34s} ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+    for r, n, dv, w, st, sp in ((0, 0, 0, 0, 0, 0), (64, 64, 512, 8, 1, 2), (64, 64, 512, 8, 1, 4), (64, 64, 512, 8, 1, 8),
+                                (64, 32, 512, 8, 2, 2), (64, 32, 512, 8, 3, 4)):  # fmt: skip
+        p = mla.MlaDecodeParams() if r == 0 else mla.MlaDecodeParams(r, n, dv, sp, w, st)
+        label = "split-K default" if r == 0 else f"split-K r{r} n{n} dv{dv} w{w} s{st} sp{sp}"
+        report(
+            label,
+            lambda q, kv, ln, tb, p=p: mla.multi_head_latent_attention(
+                q, kv, block_tables=tb, cache_seqlens=ln, fwd_params=p
+            ),
+        )
+    for br, bn, w, st, sp in ((64, 64, 8, 2, 2), (64, 64, 8, 1, 2), (64, 64, 8, 2, 4), (64, 128, 8, 1, 2),
+                              (32, 128, 8, 1, 2), (32, 64, 4, 2, 2), (32, 64, 4, 3, 2), (16, 64, 4, 3, 4),
+                              (16, 128, 4, 1, 4)):  # fmt: skip
+        if br > h:
+            continue
+        report(f"transposed r{br} n{bn} w{w} s{st} sp{sp}",
+               lambda q, kv, ln, tb, a=(br, bn, w, st, sp): transposed(q, kv, ln, tb, *a))  # fmt: skip
+
+
+def paged_xla():
+    from ejkernel_xla.page_attention.interface import page_attention
+    from ejkernel_xla.params import PagedParams
+
+    n, h, kh, d, page, ctx = 64, 32, 8, 128, 16, 4096
+    rng = np.random.default_rng(1)
+    pages = n * ctx // page
+    q = jnp.asarray(rng.standard_normal((n, h, d)), jnp.bfloat16)
+    kc = jnp.asarray(rng.standard_normal((pages, page, kh, d)), jnp.bfloat16)
+    vc = jnp.asarray(rng.standard_normal((pages, page, kh, d)), jnp.bfloat16)
+    tables = jnp.asarray(rng.permutation(pages).reshape(n, ctx // page), jnp.int32)
+    lens = jnp.full((n,), ctx, jnp.int32)
+    nbytes = 2 * n * ctx * kh * d * 2
+
+    def gather(q, kc, vc, lens, tables):
+        k = kc[tables].reshape(n, -1, kh, d)
+        v = vc[tables].reshape(n, -1, kh, d)
+        return jax.nn.dot_product_attention(q[:, None], k, v, key_value_seq_lengths=lens, implementation="xla")[:, 0]
+
+    ref = gather(q.astype(jnp.float32), kc.astype(jnp.float32), vc.astype(jnp.float32), lens, tables)
+    cases = [("gather + dot_product_attention", gather)]
+    for kpb, spc in ((None, None), (4096, None), (4096, 64), (4096, 32), (2048, 32), (1024, 64)):
+        p = PagedParams(keys_per_block=kpb, seqs_per_chunk=spc)
+        cases.append(
+            (f"xla kpb{kpb} spc{spc}", lambda q, kc, vc, ln, tb, p=p: page_attention(q, kc, vc, ln, tb, fwd_params=p))
+        )
+    cases.append(("gather + dot_product_attention (again)", gather))
+    for name, f in cases:
+        out = jax.jit(f)(q, kc, vc, lens, tables)
+        err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref)))
+        t = ms(f, q, kc, vc, lens, tables)
+        print(f"page_attention {name:34s} {t:8.3f} ms {nbytes / t / 1e9:6.2f} TB/s err {err:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    what = sys.argv[1:] or ["mla", "xla"]
+    print(jax.devices(), flush=True)
+    if "xla" in what:
+        paged_xla()
+    if "mla" in what:
+        for h in (128, 16):
+            mla_case(h)
