@@ -1,5 +1,5 @@
 """The chunked kernels of ``gated_delta_rule`` (the WY representation): the forward's three launches and the
-backward's three more.
+backward's four more.
 
 Per sequence and value head the rule ``S_t = exp(g_t) S_{t-1}``, ``S_t += beta_t k_t (v_t - S_t^T k_t)^T``,
 ``o_t = scale S_t^T q_t`` is cut into chunks of ``BT`` tokens. With ``b`` the chunk-local cumulative log gate (token
@@ -22,6 +22,7 @@ needed), and then
 The backward reruns the first two (its own chunk size) and, with ``P = (Q K^T * exp(b_i - b_j), j <= i)``,
 ``dH`` the gradient of the state a chunk leaves with and ``S`` the one it is entered with:
 
+* :func:`delta_bwd_dvl`: ``scale P^T dO``, the share of ``dU'`` that needs no state, every chunk in parallel;
 * :func:`delta_state_bwd`: the chunks in reverse, ``dH`` in registers (one program per sequence, value head and
   value block): ``dU' = scale P^T dO + (K * exp(b_L - b)) dH``, then
   ``dH <- exp(b_L) dH + scale (Q * exp(b))^T dO - w^T dU'``; stores ``dU'``, ``dH`` at each chunk's end and the
@@ -29,12 +30,17 @@ The backward reruns the first two (its own chunk size) and, with ``P = (Q K^T * 
 * :func:`delta_bwd_wy`: back through ``U' = u - w S``, ``u = T (beta V)``, ``w = T (beta exp(b) K)`` and
   ``T = (I + A)^-1``. With ``dvb = T^T dU'`` (the gradient of ``beta V``): ``dv = beta dvb``; the gradient of
   ``beta exp(b) K`` is ``T^T dw = -dvb S^T`` (``dw = -dU' S^T``); ``dA = -T^T dT T^T = -dvb u^T - (T^T dw) w^T
-  = -dvb U'^T``, kept strictly lower. It stores ``dv``, ``dbeta``, the row shares of ``dk`` and ``db`` and the
-  ``[BT, BT]`` matrices whose transposes :func:`delta_bwd_qk` needs, ``dP = scale dO U'^T * exp(b_i - b_j)``
-  (``j <= i``) and ``D = dA * beta_i exp(b_i - b_j)`` (``dA_ij`` times ``A_ij``'s factor of ``k_i . k_j``);
-* :func:`delta_bwd_qk`: ``dq = scale (dO S^T) * exp(b) + dP K``, ``dk`` (with ``dP^T Q + D^T K``, the column
-  shares, and ``(U' dH^T) * exp(b_L - b)``), ``db`` and ``dg``, the reverse cumulative sum of ``db`` within the
-  chunk (``b`` is the chunk-local cumulative sum of ``g``).
+  = -dvb U'^T``, kept strictly lower. It stores ``dv``, ``dvb``, the shares of ``dbeta`` and ``db`` that need no
+  key gradient and the ``[BT, BT]`` matrices ``dP = scale dO U'^T * exp(b_i - b_j)`` (``j <= i``) and
+  ``D = dA * beta_i exp(b_i - b_j)`` (``dA_ij`` times ``A_ij``'s factor of ``k_i . k_j``);
+* :func:`delta_bwd_qk`: key blocks in turn: ``dq = scale (dO S^T) * exp(b) + dP K``, ``dk`` (``beta exp(b)
+  (T^T dw) + dP^T Q + (D + D^T) K + (U' dH^T) * exp(b_L - b)``), then ``dbeta``, ``db`` and ``dg``, the reverse
+  cumulative sum of ``db`` within the chunk (``b`` is the chunk-local cumulative sum of ``g``).
+
+The backward's kernels keep their live tiles small (ptxas for sm_90 spilled every one of an earlier version that
+held several ``[BT, DK]`` float32 tiles at once): per-row factors scale the smaller operand of a dot or its product
+rather than a key tile, and sums over the key dim run in blocks of ``BKC`` channels. Their dots round both operands
+to ``DOT`` (``"bf16"`` for bfloat16 inputs, float32 accumulation; ``"fp32"``: float32 operands at ``PREC``).
 
 ``db`` gathers every place ``b`` appears: where a factor ``exp(b_i - b_j)`` scales products ``x_i . y_j``, with
 ``dx``, ``dy`` the gradients through them, ``b_i`` gets ``x_i . dx_i`` and ``b_j`` gets ``-y_j . dy_j`` (so
@@ -48,11 +54,11 @@ Gates are log decays (``<= 0``), so ``b`` does not increase along a chunk and no
 Layouts (C-contiguous; ``R = B T`` rows of tokens): ``q``, ``k [R, H, DK]`` (float32: ``use_qk_l2norm`` is
 applied before); ``v [R, HV, DV]``; ``g``, ``beta [R, HV]``; ``w [R, HV, DK]``, ``u``, ``U' [R, HV, DV]``,
 ``b [R, HV]`` float32; ``T``, ``dP``, ``D [NT, HV, BT, BT]`` float32; states and their gradients
-``[N or NT, HV, DK, DV]`` float32; the backward's ``dU' [R, HV, DV]`` and gradients of ``q``, ``k`` (per value
-head), ``g``, ``beta`` float32, ``dv`` in ``v``'s dtype; the chunk table of
+``[N or NT, HV, DK, DV]`` float32; the backward's ``scale P^T dO``, ``dU'``, ``dvb [R, HV, DV]`` and gradients of
+``q``, ``k`` (per value head), ``g``, ``beta`` float32, ``dv`` in ``v``'s dtype; the chunk table of
 ``ejkernel_triton._chunk_kernels`` (``Cu``, ``ChunkSeq``, ``ChunkOff``). Value head ``hv`` reads query/key head
-``hv // (HV // H)``. Every product is a float32 dot at ``PREC``. No dot result is transposed (Triton 3.6
-miscompiles ``tl.trans`` of a Hopper dot accumulator): transposed operands are loaded transposed from memory.
+``hv // (HV // H)``. Every product of the forward is a float32 dot at ``PREC``. No dot result is transposed (Triton
+3.6 miscompiles ``tl.trans`` of a Hopper dot accumulator): transposed operands are loaded transposed from memory.
 """
 
 from __future__ import annotations
@@ -60,7 +66,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ejkernel_triton._chunk_kernels import chunk_span, state_at, tile
+from ejkernel_triton._chunk_kernels import chunk_span, rnd, state_at, tile
 
 
 @triton.jit
@@ -257,12 +263,73 @@ def delta_output(
 
 
 @triton.jit
+def _dot(a, b, acc, DOT: tl.constexpr, EMU: tl.constexpr, PREC: tl.constexpr):
+    """``acc + a @ b`` (float32 accumulation; no ``acc``: ``a @ b``) with both operands rounded to ``DOT``
+    (``"bf16"``, or ``"fp32"``: float32 operands at ``PREC``); see :func:`ejkernel_triton._chunk_kernels.rnd`."""
+    return tl.dot(rnd(a, DOT, EMU), rnd(b, DOT, EMU), acc, input_precision=PREC)
+
+
+@triton.jit
+def delta_bwd_dvl(
+    Q,
+    K_,
+    B,
+    DO,
+    Cu,
+    ChunkSeq,
+    ChunkOff,
+    scale,
+    DVL,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BT: tl.constexpr,
+    BKC: tl.constexpr,
+    BV: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+    PREC: tl.constexpr,
+):
+    """The output's share of ``dU'``, ``scale P^T dO`` (``DVL``), of one chunk, value head and value block:
+    no state needed, so every chunk in parallel. ``P^T`` is summed over key blocks of ``BKC`` channels.
+    Grid ``(NT * cdiv(DV, BV), HV)``."""
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    i_p, i_hv = tl.program_id(0), tl.program_id(1)
+    i_t = i_p // NV
+    i_v = i_p % NV
+    i_h = i_hv // (HV // H)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < n_rows
+    rows = bos + o_t
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_tv = m_t[:, None] & (o_v < DV)[None, :]
+
+    b_b = _scalar_col(B, rows, m_t, i_hv, HV)
+    # P^T, computed as such: [j, i] = k_j . q_i exp(b_i - b_j) for i >= j.
+    b_pt = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(DK, BKC)):
+        o_k = i_k * BKC + tl.arange(0, BKC)
+        m_k = o_k < DK
+        b_k = tile(K_, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK)  # [BT, BKC]
+        b_qT = tile(Q, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK)  # [BKC, BT]
+        b_pt = _dot(b_k, b_qT, b_pt, DOT, EMU, PREC)
+    causal_t = (o_t[None, :] >= o_t[:, None]) & m_t[None, :]
+    b_pt = tl.where(causal_t, b_pt * tl.exp(tl.where(causal_t, b_b[None, :] - b_b[:, None], 0.0)) * scale, 0.0)
+    b_do = tile(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
+    b_dvl = _dot(b_pt, b_do, None, DOT, EMU, PREC)
+    tl.store(DVL + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dvl, mask=m_tv)
+
+
+@triton.jit
 def delta_state_bwd(
     Q,
     K_,
     W,
     B,
     DO,
+    DVL,
     DHT,
     Cu,
     ChunkOff,
@@ -278,10 +345,15 @@ def delta_state_bwd(
     BK: tl.constexpr,
     BV: tl.constexpr,
     HAS_DHT: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
     PREC: tl.constexpr,
 ):
     """``dU'`` (``DUC``), the state's gradient at each chunk's end (``DHE``) and before the first (``DH0``; the
-    final state's cotangent ``DHT`` for an empty sequence), chunks in reverse. Grid ``(N * cdiv(DV, BV), HV)``."""
+    final state's cotangent ``DHT`` for an empty sequence), chunks in reverse; ``DVL`` (:func:`delta_bwd_dvl`)
+    holds ``dU'``'s share that needs no state. The key tiles go to the dots as loaded (per-row factors scale
+    the value-sized operand or the product instead), so they need no registers of their own.
+    Grid ``(N * cdiv(DV, BV), HV)``."""
     NV: tl.constexpr = (DV + BV - 1) // BV
     i_p, i_hv = tl.program_id(0), tl.program_id(1)
     i_n = i_p // NV
@@ -318,15 +390,12 @@ def delta_state_bwd(
         b_qT = tile(Q, rows[None, :], o_k[:, None], m_kt, i_h, H, DK)  # [BK, BT]
         b_wT = tile(W, rows[None, :], o_k[:, None], m_kt, i_hv, HV, DK)  # [BK, BT]
         b_do = tile(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
-        # P^T, computed as such: [j, i] = k_j . q_i exp(b_i - b_j) for i >= j.
-        causal_t = (o_t[None, :] >= o_t[:, None]) & m_t[None, :]
-        b_pt = tl.dot(b_k, b_qT, input_precision=PREC) * tl.exp(tl.where(causal_t, b_b[None, :] - b_b[:, None], 0.0))
-        b_pt = tl.where(causal_t, b_pt * scale, 0.0)
-        b_kl = b_k * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
-        b_duc = tl.dot(b_kl, b_dh, tl.dot(b_pt, b_do, input_precision=PREC), input_precision=PREC)  # [BT, BV]
+        b_dvl = tl.load(DVL + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_tv, other=0.0)
+        b_el = tl.exp(tl.where(m_t, b_bl - b_b, 0.0))
+        b_duc = b_dvl + _dot(b_k, b_dh, None, DOT, EMU, PREC) * b_el[:, None]  # [BT, BV]
         tl.store(DUC + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_duc, mask=m_tv)
-        b_dh = tl.dot(b_qT * (tl.exp(b_b) * scale)[None, :], b_do, b_dh * tl.exp(b_bl), input_precision=PREC)
-        b_dh = tl.dot(-b_wT, b_duc, b_dh, input_precision=PREC)  # U' = u - w S
+        b_dh = _dot(b_qT, b_do * (tl.exp(b_b) * scale)[:, None], b_dh * tl.exp(b_bl), DOT, EMU, PREC)
+        b_dh = _dot(b_wT, -b_duc, b_dh, DOT, EMU, PREC)  # U' = u - w S
     tl.store(DH0 + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_dh, mask=m_h)
 
 
@@ -337,7 +406,6 @@ def delta_bwd_wy(
     Beta,
     B,
     TM,
-    Hs,
     UC,
     DUC,
     DO,
@@ -346,8 +414,8 @@ def delta_bwd_wy(
     ChunkOff,
     scale,
     DV_,
-    DBeta,
-    DK1,
+    DVB,
+    DBeta1,
     DB1,
     DP,
     DD,
@@ -356,67 +424,63 @@ def delta_bwd_wy(
     DK: tl.constexpr,
     DV: tl.constexpr,
     BT: tl.constexpr,
-    BK: tl.constexpr,
+    BKC: tl.constexpr,
     BV: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """The WY representation's backward for one chunk and value head, every value block in turn (so ``dbeta``
-    and the key-side sums are whole): ``dv`` (``v``'s dtype), ``dbeta``, the row shares of ``dk`` (``DK1``:
-    ``beta exp(b) (T^T dw) + D K``) and of ``db`` (``DB1``), and ``dP``, ``D`` (``DP``, ``DD``; module docstring).
-    Grid ``(NT, HV)``."""
+    """The WY representation's backward for one chunk and value head, every value block in turn (so the
+    ``[BT, BT]`` sums are whole): ``dv`` (``v``'s dtype), ``dvb = T^T dU'`` (``DVB``, for :func:`delta_bwd_qk`'s
+    ``T^T dw = -dvb S^T``), the shares of ``dbeta`` and ``db`` that need no key gradient (``DBeta1``, ``DB1``),
+    and ``dP``, ``D`` (``DP``, ``DD``; module docstring). Grid ``(NT, HV)``."""
     i_t, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
     _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
     o_t = tl.arange(0, BT)
     m_t = o_t < n_rows
     rows = bos + o_t
-    o_k = tl.arange(0, BK)
-    m_k = o_k < DK
-    m_tk = m_t[:, None] & m_k[None, :]
     p_tt = (i_t.to(tl.int64) * HV + i_hv) * (BT * BT)
 
     b_b = _scalar_col(B, rows, m_t, i_hv, HV)
     b_beta = _scalar_col(Beta, rows, m_t, i_hv, HV)
     b_tt = tl.load(TM + p_tt + o_t[None, :] * BT + o_t[:, None])  # [j, i] = T[i, j]
-    b_dkw = tl.zeros([BT, BK], dtype=tl.float32)  # T^T dw: the gradient of beta exp(b) K
-    b_da = tl.zeros([BT, BT], dtype=tl.float32)
+    b_da = tl.zeros([BT, BT], dtype=tl.float32)  # -dA (not yet masked)
     b_dp = tl.zeros([BT, BT], dtype=tl.float32)
     b_dbeta = tl.zeros([BT], dtype=tl.float32)
     for i_v in range(tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
         m_tv = m_t[:, None] & m_v[None, :]
-        b_duc = tile(DUC, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
+        p_tv = (rows[:, None] * HV + i_hv) * DV + o_v[None, :]
+        b_duc = tl.load(DUC + p_tv, mask=m_tv, other=0.0)  # [BT, BV]
         b_do = tile(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)
         b_v = tile(V_, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)
         b_ucT = tile(UC, rows[None, :], o_v[:, None], m_v[:, None] & m_t[None, :], i_hv, HV, DV)  # [BV, BT]
-        b_hT = state_at(Hs, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)  # [BV, BK]
-        b_dvb = tl.dot(b_tt, b_duc, input_precision=PREC)  # the gradient of beta V
-        p_v = DV_ + (rows[:, None] * HV + i_hv) * DV + o_v[None, :]
-        tl.store(p_v, (b_dvb * b_beta[:, None]).to(DV_.dtype.element_ty), mask=m_tv)
+        b_dvb = _dot(b_tt, b_duc, None, DOT, EMU, PREC)  # the gradient of beta V
+        tl.store(DV_ + p_tv, (b_dvb * b_beta[:, None]).to(DV_.dtype.element_ty), mask=m_tv)
+        tl.store(DVB + p_tv, b_dvb, mask=m_tv)
         b_dbeta += tl.sum(b_dvb * b_v, axis=1)
-        b_dkw = tl.dot(-b_dvb, b_hT, b_dkw, input_precision=PREC)
-        b_da = tl.dot(-b_dvb, b_ucT, b_da, input_precision=PREC)
-        b_dp = tl.dot(b_do, b_ucT, b_dp, input_precision=PREC)
+        b_da = _dot(b_dvb, b_ucT, b_da, DOT, EMU, PREC)
+        b_dp = _dot(b_do, b_ucT, b_dp, DOT, EMU, PREC)
 
-    b_k = tile(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)  # [BT, BK]
-    b_kT = tile(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK)  # [BK, BT]
+    b_ge = tl.zeros([BT, BT], dtype=tl.float32)  # K K^T, summed over key blocks
+    for i_k in range(tl.cdiv(DK, BKC)):
+        o_k = i_k * BKC + tl.arange(0, BKC)
+        m_k = o_k < DK
+        b_k = tile(K_, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK)  # [BT, BKC]
+        b_kT = tile(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK)  # [BKC, BT]
+        b_ge = _dot(b_k, b_kT, b_ge, DOT, EMU, PREC)
     causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
     b_e = tl.exp(tl.where(causal, b_b[:, None] - b_b[None, :], 0.0))  # exp(b_i - b_j), j <= i (masked below)
-    b_ge = tl.dot(b_k, b_kT, input_precision=PREC) * b_e  # A = beta_i * this, below the diagonal
-    b_da = tl.where(o_t[:, None] > o_t[None, :], b_da, 0.0)
-    b_eb = tl.exp(b_b)
-    b_kdkw = tl.sum(b_k * b_dkw, axis=1)
-    b_dbeta += b_eb * b_kdkw + tl.sum(b_da * b_ge, axis=1)
-    tl.store(DBeta + rows * HV + i_hv, b_dbeta, mask=m_t)
+    b_ge = b_ge * b_e  # A = beta_i * this, below the diagonal
+    b_da = tl.where(o_t[:, None] > o_t[None, :], -b_da, 0.0)
+    b_dbeta += tl.sum(b_da * b_ge, axis=1)
+    tl.store(DBeta1 + rows * HV + i_hv, b_dbeta, mask=m_t)
     b_y = b_da * b_ge * b_beta[:, None]  # dA * A: b_i's share (row sums) and b_j's (column sums)
-    b_db = b_beta * b_eb * b_kdkw + tl.sum(b_y, axis=1) - tl.sum(b_y, axis=0)
-    tl.store(DB1 + rows * HV + i_hv, b_db, mask=m_t)
-    b_dd = b_da * b_e * b_beta[:, None]
-    b_dk = tl.dot(b_dd, b_k, b_dkw * (b_beta * b_eb)[:, None], input_precision=PREC)
-    tl.store(DK1 + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_dk, mask=m_tk)
+    tl.store(DB1 + rows * HV + i_hv, tl.sum(b_y, axis=1) - tl.sum(b_y, axis=0), mask=m_t)
     p_ij = p_tt + o_t[:, None] * BT + o_t[None, :]
-    tl.store(DD + p_ij, b_dd)
+    tl.store(DD + p_ij, b_da * b_e * b_beta[:, None])
     tl.store(DP + p_ij, tl.where(causal, b_dp * b_e * scale, 0.0))
 
 
@@ -424,12 +488,14 @@ def delta_bwd_wy(
 def delta_bwd_qk(
     Q,
     K_,
+    Beta,
     B,
     Hs,
     UC,
     DO,
     DHE,
-    DK1,
+    DVB,
+    DBeta1,
     DB1,
     DP,
     DD,
@@ -440,17 +506,20 @@ def delta_bwd_qk(
     DQ,
     DK_,
     DG,
+    DBeta,
     H: tl.constexpr,
     HV: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
     BT: tl.constexpr,
-    BK: tl.constexpr,
+    BKC: tl.constexpr,
     BV: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """``dq``, ``dk`` (per value head) and ``dg`` of one chunk and value head (float32), every value block in
-    turn: what :func:`delta_bwd_wy` left plus the output's and the chunk-end state's shares (module docstring).
+    """``dq``, ``dk`` (per value head), ``dg`` and ``dbeta`` of one chunk and value head (float32): key blocks of
+    ``BKC`` channels in turn, each summing over every value block (module docstring), then the row sums.
     Grid ``(NT, HV)``."""
     i_t, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -458,44 +527,59 @@ def delta_bwd_qk(
     o_t = tl.arange(0, BT)
     m_t = o_t < n_rows
     rows = bos + o_t
-    o_k = tl.arange(0, BK)
-    m_k = o_k < DK
-    m_tk = m_t[:, None] & m_k[None, :]
 
     b_b = _scalar_col(B, rows, m_t, i_hv, HV)
     b_bl = tl.sum(tl.where(o_t == n_rows - 1, b_b, 0.0), axis=0)
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)  # dO S^T
-    b_dks = tl.zeros([BT, BK], dtype=tl.float32)  # U' dH^T
-    b_hdh = tl.zeros([BK], dtype=tl.float32)
-    for i_v in range(tl.cdiv(DV, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < DV
-        m_tv = m_t[:, None] & m_v[None, :]
-        b_do = tile(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
-        b_uc = tile(UC, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)
-        b_hT = state_at(Hs, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)  # [BV, BK]
-        b_dhT = state_at(DHE, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)
-        b_dq = tl.dot(b_do, b_hT, b_dq, input_precision=PREC)
-        b_dks = tl.dot(b_uc, b_dhT, b_dks, input_precision=PREC)
-        b_hdh += tl.sum(b_hT * b_dhT, axis=0)
-
-    b_q = tile(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)  # [BT, BK]
-    b_k = tile(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)
-    p_tt = (i_t.to(tl.int64) * HV + i_hv) * (BT * BT)
-    b_dp = tl.load(DP + p_tt + o_t[:, None] * BT + o_t[None, :])  # [i, j]
-    b_dpT = tl.load(DP + p_tt + o_t[None, :] * BT + o_t[:, None])  # [j, i] = dP[i, j]
-    b_ddT = tl.load(DD + p_tt + o_t[None, :] * BT + o_t[:, None])
-    b_dq = tl.dot(b_dp, b_k, b_dq * (tl.exp(b_b) * scale)[:, None], input_precision=PREC)
-    b_dkp = tl.dot(b_dpT, b_q, input_precision=PREC)  # the keys' share of the output's scores
-    b_dks = b_dks * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]  # ... and of the state at the chunk's end
-    p_x = (rows[:, None] * HV + i_hv) * DK + o_k[None, :]
-    b_dk = tl.load(DK1 + p_x, mask=m_tk, other=0.0) + b_dkp + b_dks
-    b_dk = tl.dot(b_ddT, b_k, b_dk, input_precision=PREC)
-    b_kdks = tl.sum(b_k * b_dks, axis=1)
+    b_eb = tl.exp(b_b)
+    b_el = tl.exp(tl.where(m_t, b_bl - b_b, 0.0))
+    b_kw = _scalar_col(Beta, rows, m_t, i_hv, HV) * b_eb  # w's row factor beta exp(b)
+    b_dbeta = tl.load(DBeta1 + rows * HV + i_hv, mask=m_t, other=0.0)
     b_db = tl.load(DB1 + rows * HV + i_hv, mask=m_t, other=0.0)
-    b_db += tl.sum(b_q * b_dq, axis=1) - tl.sum(b_k * b_dkp, axis=1) - b_kdks
+    b_hdh = 0.0  # sum(S * dH)
+    b_kdks = 0.0  # sum(K * (U' dH^T) * exp(b_L - b))
+    p_tt = (i_t.to(tl.int64) * HV + i_hv) * (BT * BT)
+    for i_k in range(tl.cdiv(DK, BKC)):
+        o_k = i_k * BKC + tl.arange(0, BKC)
+        m_k = o_k < DK
+        m_tk = m_t[:, None] & m_k[None, :]
+        b_dq = tl.zeros([BT, BKC], dtype=tl.float32)  # dO S^T
+        b_dks = tl.zeros([BT, BKC], dtype=tl.float32)  # U' dH^T
+        b_dkw = tl.zeros([BT, BKC], dtype=tl.float32)  # dvb S^T = -(T^T dw)
+        b_hdh_k = tl.zeros([BKC], dtype=tl.float32)
+        for i_v in range(tl.cdiv(DV, BV)):
+            o_v = i_v * BV + tl.arange(0, BV)
+            m_v = o_v < DV
+            m_tv = m_t[:, None] & m_v[None, :]
+            b_do = tile(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
+            b_uc = tile(UC, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)
+            b_dvb = tile(DVB, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)
+            b_hT = state_at(Hs, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)
+            b_dhT = state_at(DHE, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)
+            b_dq = _dot(b_do, b_hT, b_dq, DOT, EMU, PREC)
+            b_dks = _dot(b_uc, b_dhT, b_dks, DOT, EMU, PREC)
+            b_dkw = _dot(b_dvb, b_hT, b_dkw, DOT, EMU, PREC)
+            b_hdh_k += tl.sum(b_hT * b_dhT, axis=0)
+        b_q = tile(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)  # [BT, BKC]
+        b_k = tile(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)
+        b_dp = tl.load(DP + p_tt + o_t[:, None] * BT + o_t[None, :])  # [i, j]
+        b_dq = _dot(b_dp, b_k, b_dq * (b_eb * scale)[:, None], DOT, EMU, PREC)
+        b_dpT = tl.load(DP + p_tt + o_t[None, :] * BT + o_t[:, None])  # [j, i] = dP[i, j]
+        b_dkp = _dot(b_dpT, b_q, None, DOT, EMU, PREC)  # the keys' share of the output's scores
+        b_dks = b_dks * b_el[:, None]  # ... and of the state at the chunk's end
+        # D K + D^T K: A's factor k_i . k_j, both ways
+        b_dd = tl.load(DD + p_tt + o_t[:, None] * BT + o_t[None, :])
+        b_dd += tl.load(DD + p_tt + o_t[None, :] * BT + o_t[:, None])
+        b_dk = _dot(b_dd, b_k, b_dkp + b_dks - b_dkw * b_kw[:, None], DOT, EMU, PREC)
+        b_kdkw = tl.sum(b_k * b_dkw, axis=1)  # k . (T^T dw), negated
+        b_dbeta -= b_eb * b_kdkw
+        b_kdks_k = tl.sum(b_k * b_dks, axis=1)
+        b_db += tl.sum(b_q * b_dq, axis=1) - tl.sum(b_k * b_dkp, axis=1) - b_kdks_k - b_kw * b_kdkw
+        b_kdks += tl.sum(b_kdks_k, axis=0)
+        b_hdh += tl.sum(b_hdh_k, axis=0)
+        p_x = (rows[:, None] * HV + i_hv) * DK + o_k[None, :]
+        tl.store(DQ + p_x, b_dq, mask=m_tk)
+        tl.store(DK_ + p_x, b_dk, mask=m_tk)
     # b_L scales the state entering the chunk and every key's share of the state leaving it.
-    b_db += tl.where(o_t == n_rows - 1, tl.exp(b_bl) * tl.sum(b_hdh, axis=0) + tl.sum(b_kdks, axis=0), 0.0)
+    b_db += tl.where(o_t == n_rows - 1, tl.exp(b_bl) * b_hdh + b_kdks, 0.0)
     tl.store(DG + rows * HV + i_hv, tl.cumsum(b_db, axis=0, reverse=True), mask=m_t)
-    tl.store(DQ + p_x, b_dq, mask=m_tk)
-    tl.store(DK_ + p_x, b_dk, mask=m_tk)
+    tl.store(DBeta + rows * HV + i_hv, b_dbeta, mask=m_t)

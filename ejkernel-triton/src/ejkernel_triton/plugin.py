@@ -93,9 +93,15 @@ _CHUNK_GPU_PRIORITY = 5
 # (2026-12-03), but lightning's decode step read 3.08 TB/s against XLA's 3.43 (B64 H16 K=V=128, float32 state): the
 # kernel also reads the per-head decay broadcast to a [B, T, H, K] float32 gate, which XLA fuses away.
 _FOLDED_DECODE_GPU_PRIORITY = 5
+# The chunked gated_delta_rule (the WY representation): above XLA (10) on GPUs, below the fused recurrent decode
+# kernel (110), which takes decode steps and declines longer sequences. Checked on an H200 (conformance GPU tier at
+# every candidate, gradients included, 2026-12-04) and timed there at B4 T4096 H16 K=V=128 bf16: forward 2.64 ms
+# against XLA's 2.84, forward+backward 4.85 ms against XLA's 9.13 (benchmarks/gpucheck/gdr_fwd_bwd.py). float32
+# inputs (three tf32 passes, some spills) are checked but not timed.
+_GDR_CHUNK_GPU_PRIORITY = 50
 # The split-K decode kernel of ``multi_head_latent_attention``: above XLA on GPUs. Its output was checked against the
-# reference on an H200 and it read 0.36 TB/s at DeepSeek-V3 dims (B64 x 4096, H128) against XLA's 0.085 (2026-12-03;
-# far from a copy's 3.95: see BENCHMARKS.md). Its backward is the reference's VJP.
+# reference on an H200 and it read 0.735 TB/s at DeepSeek-V3 dims (B64 x 4096, H128) against XLA's 0.083 (2026-12-04;
+# far from a copy's 3.9: see BENCHMARKS.md). Its backward is the reference's VJP.
 _MLA_GPU_PRIORITY = 100
 # (op, module, fwd params, bwd params, priority on GPUs, name suffix): registered for GPUs as "triton<suffix>", and
 # for the CPU as "triton<suffix>_interpret" at priority 1 when EJKERNEL_TRITON_INTERPRET=1.
@@ -126,7 +132,7 @@ _KERNELS = (
     ("lightning_attn", "lightning_attn.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     ("recurrent", "recurrent.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     # The chunked gated_delta_rule (the WY representation), forward and backward.
-    ("gated_delta_rule", "gated_delta_rule.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
+    ("gated_delta_rule", "gated_delta_rule.chunk", _CHUNK_FWD, _CHUNK_BWD, _GDR_CHUNK_GPU_PRIORITY, "_chunk"),
     ("multi_head_latent_attention", "multi_head_latent_attention",
      "ejkernel_triton.multi_head_latent_attention:MlaDecodeParams",
      "ejkernel_triton.multi_head_latent_attention:MlaBwdParams", _MLA_GPU_PRIORITY, ""),

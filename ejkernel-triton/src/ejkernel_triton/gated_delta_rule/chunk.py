@@ -10,19 +10,24 @@ float32.
 
 Gradients: ``jax.custom_vjp`` (residuals: the inputs only). The backward reruns the forward's first two launches
 with its own chunk size (``w``, ``u``, ``T``, ``U'`` and the state at each chunk's start), then the reverse pass of
-the state's gradient (``dU'``, the gradient at each chunk's end, the initial state's), the WY representation's
-backward (``dv``, ``dbeta``) and ``dq``, ``dk``, ``dg``. Its memory: the per-chunk states and their gradients,
+the state's gradient (``dU'``, the gradient at each chunk's end, the initial state's; the share of ``dU'`` that
+needs no state is computed before it, every chunk in parallel), the WY representation's backward (``dv``) and
+``dq``, ``dk``, ``dg``, ``dbeta``. The backward's dots take bfloat16 operands for bfloat16 inputs (float32
+accumulation; the states, their gradients and every sum stay float32; in the interpreter, float32 dots of the
+rounded operands), float32 ones at three tf32 passes for other inputs. Its memory: the per-chunk states and their gradients,
 ``2 (T / C) * HV * K * V`` float32 per batch row, and ``O(T HV (K + V + C))``. Launch parameters:
 :class:`~ejkernel_triton.gla.chunk.ChunkFwdParams` and :class:`~ejkernel_triton.gla.chunk.ChunkBwdParams`
 (``chunk_size``, ``block_v``, warps, stages; ``block_k`` is the whole padded head dim here). Declined
 (``supports``): head dims above 256 (key dims above 128 on a GPU), dtypes other than float32, bfloat16 and
 float16.
 
-Speed (H200, B4 T4096 H16 K=V=128 bf16): the forward at chunks of 64 took 4.7 ms against XLA's chunked 3.3
-(chunks of 32: about 2.1 ms by its launches timed one by one, :func:`_plan`). The backward's gradients were checked
-on the H200 at its default (chunks of 64, value blocks of 64, 2 warps), where every kernel spills registers:
-forward+backward took 182 ms against XLA's 11.3. Registered below XLA on GPUs until a faster backward is checked
-there (chunks of 32 with value blocks of 32 at 4 warps spill least when compiled here for sm_90).
+Speed (H200, B4 T4096 H16 K=V=128 bf16, 2026-12-04): forward 2.64 ms against XLA's chunked 2.84 (``ejkernel bench``),
+forward+backward 4.85 ms against XLA's 9.13 (``benchmarks/gpucheck/gdr_fwd_bwd.py``, gradients within 8e-3 of
+XLA's). The backward's first form (chunks of 64, value blocks of 64, 2 warps) spilled over 100 KB in every kernel
+and took 182 ms; it was restructured (the state-free share of ``dU'`` in its own launch, key tiles fed to the dots
+as loaded, sums over key dims in blocks of 64 channels, bfloat16 dot operands for bfloat16 inputs) with chunks of
+32, value blocks of 32 and 4 warps (ptxas for sm_90: no spills for bfloat16 inputs but 40 bytes in
+``delta_bwd_qk``). Registered above XLA on GPUs, below the fused recurrent decode kernel.
 
 Importing this module does not import Triton.
 """
@@ -48,6 +53,7 @@ __all__ = ["candidate_cfgs", "gated_delta_rule", "heuristic_cfg", "supports"]
 
 OP = "gated_delta_rule"
 _DUMMY_F32 = np.zeros((1,), np.float32)
+_BLOCK_KC = 64  # key channels per step of the backward's per-chunk kernels (their sums over key dims loop)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,24 +65,27 @@ class Plan:
 
 
 def _plan(dk: int, dv: int, p: ChunkFwdParams | ChunkBwdParams) -> Plan:
-    """``p``'s fields, else the heuristic's: chunks of 32 for the forward, 64 for the backward (16 in the
-    interpreter), value blocks of 64 channels (all of them in the interpreter), 4 warps (the backward: 2 at chunks
+    """``p``'s fields, else the heuristic's: chunks of 32 (16 in the interpreter), value blocks of 64 channels
+    for the forward and 32 for the backward (all of them in the interpreter), 4 warps (the backward: 2 at chunks
     of 64, where fla saw its WY backward miscompiled on Hopper at 4), 2 stages. ``block_k``: the kernels take the
     whole padded key dim, so any other value is refused rather than ignored.
 
     Measured on the H200 (B4 T4096 H16 K=V=128, the forward's three launches timed one by one,
     ``benchmarks/results/2026-12-03-h200-gdr-chunk-launches.log``): chunks of 64 spend most of their time in the
     row-by-row forward substitution of ``delta_prep`` (1.75 ms of 3.08 with single-pass tf32 dots), chunks of 32
-    take 2.12 ms in all. The backward's default is the one configuration whose gradients were checked on the GPU;
-    it spills registers at 2 warps and is slow (module docstring)."""
+    take 2.12 ms in all. The backward's old default (chunks of 64, value blocks of 64, 2 warps) was checked on the
+    GPU and was slow: every kernel spilled (over 100 KB each). The backward's default now (chunks of 32, value blocks
+    of 32, 4 warps; 4.85 ms forward+backward on the H200, the fastest of the candidates) is chosen by ptxas's reports for sm_90 at K = V = 128: no spills for
+    bfloat16 inputs but 40 bytes in ``delta_bwd_qk``; for float32 inputs (three tf32 passes) 648 bytes in the state
+    pass, 332 in ``delta_bwd_qk`` and 32 in ``delta_bwd_wy`` (module docstring)."""
     if p.block_k is not None and p.block_k != _pow2(dk):
         raise ValueError(
             f"ejkernel-triton {OP} (chunked): {type(p).__name__}.block_k must be None or {_pow2(dk)} (the whole "
             f"padded key dim K={dk}), got {p.block_k}"
         )
-    bv = _pow2(dv) if interpreting() else min(64, _pow2(dv))
     bwd = isinstance(p, ChunkBwdParams)
-    chunk = p.chunk_size or (16 if interpreting() else 64 if bwd else 32)
+    bv = _pow2(dv) if interpreting() else min(32 if bwd else 64, _pow2(dv))
+    chunk = p.chunk_size or (16 if interpreting() else 32)
     return Plan(
         chunk,
         min(p.block_v or bv, _pow2(dv)),
@@ -97,12 +106,13 @@ def heuristic_cfg(inv: Any, stage: str = "fwd") -> ChunkFwdParams | ChunkBwdPara
 
 def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[ChunkBwdParams]:
     """The heuristic's first; then chunks of 32 or 64, value blocks of 32 or 64, 4 or 8 warps (the backward:
-    chunks of 64 at 2 warps only, see :func:`_plan`)."""
+    chunks of 32 with value blocks of 32 or 64 at 4 or 8 warps, and chunks of 16 with value blocks of 32 at 4
+    warps, where no kernel of the backward spills on sm_90 for bfloat16 inputs; 4.9-7.4 ms on the H200)."""
     base = heuristic_cfg(inv, stage)
     out: list[Any] = [base]
     others: tuple[tuple[int, int, int], ...] = ((64, 64, 4), (64, 32, 4), (32, 64, 4), (64, 64, 8), (32, 32, 4))
     if stage != "fwd":
-        others = ((64, 32, 2), (32, 64, 4), (32, 32, 4), (32, 64, 2))
+        others = ((16, 32, 4), (32, 32, 8), (32, 64, 4), (32, 64, 8))
     for chunk, bv, warps in others:
         p = dataclasses.replace(base, chunk_size=chunk, block_v=min(bv, base.block_v or bv), num_warps=warps)
         if p not in out:
@@ -140,6 +150,16 @@ class Static:
 
 def _prec() -> str:
     return "ieee" if interpreting() else "tf32x3"
+
+
+def _bwd_dots(dtype: Any) -> dict[str, Any]:
+    """The backward kernels' dots for inputs of ``dtype``: bfloat16 inputs take bfloat16 operands (float32
+    accumulation; the states and every sum stay float32), others float32 operands at three tf32 passes; in the
+    interpreter, float32 dots of operands rounded as on a GPU (``EMU``)."""
+    dot = "bf16" if np.dtype(dtype).name == "bfloat16" else "fp32"
+    if interpreting():
+        return {"DOT": dot, "EMU": dot != "fp32", "PREC": "ieee"}
+    return {"DOT": dot, "EMU": False, "PREC": "tf32" if dot != "fp32" else "tf32x3"}
 
 
 def _launch_common(plan: Plan, h: int, hv: int, dk: int, dv: int) -> dict[str, Any]:
@@ -251,6 +271,24 @@ def _backward_rows(s: Static, tab: Any, q, k, v, g, beta, h0, do, dht):  # noqa:
     f32 = jnp.float32
     common = _launch_common(plan, h, hv, dk, dv)
     w, _, b, t, uc, hs, _ = _prologue(plan, tab, k, v, g, beta, h0, True)
+    common = {**common, **_bwd_dots(v.dtype)}
+    blocked = {**{n: x for n, x in common.items() if n != "BK"}, "BKC": min(_BLOCK_KC, _pow2(dk))}
+    rows_v = jax.ShapeDtypeStruct((r, hv, dv), f32)
+    (dvl,) = launch.launch(
+        kern.delta_bwd_dvl,
+        q,
+        k,
+        b,
+        do,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        float(s.scale),
+        out_shape=(rows_v,),
+        grid=(tab.nt * cdiv(dv, plan.block_v), hv),
+        name="ejkernel_gdr_chunk_bwd_dvl",
+        **blocked,
+    )
     duc, dhe, dh0 = launch.launch(
         kern.delta_state_bwd,
         q,
@@ -258,29 +296,31 @@ def _backward_rows(s: Static, tab: Any, q, k, v, g, beta, h0, do, dht):  # noqa:
         w,
         b,
         do,
+        dvl,
         jnp.asarray(_DUMMY_F32) if dht is None else dht,
         tab.cu,
         tab.off,
         float(s.scale),
         out_shape=(
-            jax.ShapeDtypeStruct((r, hv, dv), f32),
+            rows_v,
             jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), f32),
             jax.ShapeDtypeStruct((tab.n, hv, dk, dv), f32),
         ),
         grid=(tab.n * cdiv(dv, plan.block_v), hv),
         name="ejkernel_gdr_chunk_state_bwd",
         HAS_DHT=dht is not None,
-        **common,
+        # one stage: prefetching the next chunk's key tiles into registers made it spill (ptxas for sm_90)
+        **{**common, "num_stages": 1},
     )
     square = jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), f32)
-    dv_, dbeta, dk1, db1, dp, dd = launch.launch(
+    rows_1 = jax.ShapeDtypeStruct((r, hv), f32)
+    dv_, dvb, dbeta1, db1, dp, dd = launch.launch(
         kern.delta_bwd_wy,
         k,
         v,
         beta,
         b,
         t,
-        hs,
         uc,
         duc,
         do,
@@ -288,29 +328,24 @@ def _backward_rows(s: Static, tab: Any, q, k, v, g, beta, h0, do, dht):  # noqa:
         tab.seq,
         tab.off,
         float(s.scale),
-        out_shape=(
-            jax.ShapeDtypeStruct(v.shape, v.dtype),
-            jax.ShapeDtypeStruct((r, hv), f32),
-            jax.ShapeDtypeStruct((r, hv, dk), f32),
-            jax.ShapeDtypeStruct((r, hv), f32),
-            square,
-            square,
-        ),
+        out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype), rows_v, rows_1, rows_1, square, square),
         grid=(tab.nt, hv),
-        zeroed_outputs=(0, 1),  # tokens outside every sequence get no gradient
+        zeroed_outputs=(0,),  # tokens outside every sequence get no gradient
         name="ejkernel_gdr_chunk_bwd_wy",
-        **common,
+        **blocked,
     )
-    dq, dk_, dg = launch.launch(
+    dq, dk_, dg, dbeta = launch.launch(
         kern.delta_bwd_qk,
         q,
         k,
+        beta,
         b,
         hs,
         uc,
         do,
         dhe,
-        dk1,
+        dvb,
+        dbeta1,
         db1,
         dp,
         dd,
@@ -318,15 +353,11 @@ def _backward_rows(s: Static, tab: Any, q, k, v, g, beta, h0, do, dht):  # noqa:
         tab.seq,
         tab.off,
         float(s.scale),
-        out_shape=(
-            jax.ShapeDtypeStruct((r, hv, dk), f32),
-            jax.ShapeDtypeStruct((r, hv, dk), f32),
-            jax.ShapeDtypeStruct((r, hv), f32),
-        ),
+        out_shape=(jax.ShapeDtypeStruct((r, hv, dk), f32), jax.ShapeDtypeStruct((r, hv, dk), f32), rows_1, rows_1),
         grid=(tab.nt, hv),
-        zeroed_outputs=(0, 1, 2),
+        zeroed_outputs=(0, 1, 2, 3),
         name="ejkernel_gdr_chunk_bwd_qk",
-        **common,
+        **blocked,
     )
     return dq, dk_, dv_, dg, dbeta, dh0
 

@@ -1,0 +1,74 @@
+"""The gated delta rule's forward+backward on a GPU: XLA's chunked implementation against the Triton chunked one
+at its default and its backward candidates (B4 T4096 H16 K=V=128 bf16, ``use_qk_l2norm``). The gradients of
+``sum(out * cotangent)`` are compared with XLA's (max abs error over max abs, per argument), then timed (median of
+15, ``jax.block_until_ready``). ``ejkernel bench``'s own check of this pass needs the float32 reference's VJP,
+which holds the state token by token (65 GiB here), hence this script.
+
+Run on the GPU machine after ``bash .ci/gpu setup``: ``PYTHONPATH=/tmp/ejk-site python3
+benchmarks/gpucheck/gdr_fwd_bwd.py``.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ejkernel_triton.gated_delta_rule import chunk
+from ejkernel_triton.gla.chunk import ChunkBwdParams
+from ejkernel_xla.gated_delta_rule.interface import gated_delta_rule as xla_gdr
+
+B, T, H, K, V = 4, 4096, 16, 128, 128
+
+
+def ms(f, *args):
+    jax.block_until_ready(f(*args))
+    ts = []
+    for _ in range(15):
+        t0 = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        ts.append(time.perf_counter() - t0)
+    return statistics.median(ts) * 1e3
+
+
+def main():
+    rng = np.random.default_rng(0)
+    bf = jnp.bfloat16
+    q = jnp.asarray(rng.standard_normal((B, T, H, K)), bf)
+    k = jnp.asarray(rng.standard_normal((B, T, H, K)), bf)
+    v = jnp.asarray(rng.standard_normal((B, T, H, V)), bf)
+    g = jnp.asarray(-jax.nn.softplus(-(rng.standard_normal((B, T, H)) + 3)), jnp.float32)
+    beta = jnp.asarray(jax.nn.sigmoid(rng.standard_normal((B, T, H))), jnp.float32)
+    ct = jnp.asarray(rng.standard_normal((B, T, H, V)), bf)
+    args = (q, k, v, g, beta)
+
+    def grad_of(fn):
+        def loss(*a):
+            out, _ = fn(*a, use_qk_l2norm=True)
+            return jnp.sum(out.astype(jnp.float32) * ct.astype(jnp.float32))
+
+        return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
+
+    base = grad_of(xla_gdr)
+    want = base(*args)
+    print(f"xla chunked fwd+bwd {ms(base, *args):8.3f} ms", flush=True)
+    cands = [None] + [ChunkBwdParams(chunk_size=c, block_v=bv, num_warps=w) for c, bv, w in
+                      ((32, 32, 4), (16, 32, 4), (32, 32, 8), (32, 64, 4), (32, 64, 8))]  # fmt: skip
+    for p in cands:
+        f = grad_of(lambda *a, p=p, **kw: chunk.gated_delta_rule(*a, bwd_params=p, **kw))
+        try:
+            got = f(*args)
+            errs = [float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))) /
+                          max(float(jnp.max(jnp.abs(y.astype(jnp.float32)))), 1e-30)) for x, y in zip(got, want)]  # fmt: skip
+            label = "default" if p is None else f"c{p.chunk_size} bv{p.block_v} w{p.num_warps}"
+            errs_s = " ".join(f"{n}={e:.1e}" for n, e in zip("q k v g beta".split(), errs))
+            print(f"triton_chunk {label:16s} {ms(f, *args):8.3f} ms  rel err vs xla: {errs_s}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"triton_chunk {p} ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
