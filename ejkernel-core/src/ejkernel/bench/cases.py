@@ -305,6 +305,14 @@ def _lightning(s: Shape, dtype: Any) -> Inputs:
     return Inputs((q * dk**-0.5, k * dk**-0.5, _normal(kv, (b, t, h, dv), dtype), slope), {}, (0, 1, 2))
 
 
+def _recurrent(s: Shape, dtype: Any) -> Inputs:
+    kq, kk, kv, kg = jax.random.split(jax.random.key(0), 4)
+    b, t, h, dk, dv = s["B"], s["T"], s["H"], s["K"], s["V"]
+    q, k = _normal(kq, (b, t, h, dk), dtype), _normal(kk, (b, t, h, dk), dtype)
+    g = jax.nn.log_sigmoid(jax.random.normal(kg, (b, t, h), jnp.float32) + 3.0).astype(dtype)  # a scalar gate a head
+    return Inputs((q * dk**-0.5, k * dk**-0.5, _normal(kv, (b, t, h, dv), dtype), g), {}, (0, 1, 2, 3))
+
+
 def _decode_state(make: Callable[[Shape, Any], Inputs]) -> Callable[[Shape, Any], Inputs]:
     """A decode step of a linear-attention op: its inputs plus a float32 state ``[B, H, K, V]`` (passed last, by
     keyword); the final state is returned (and checked, and timed)."""
@@ -421,6 +429,26 @@ CASES: dict[str, Case] = {
             _linear_flops(1),
             "TFLOP/s",
             f"chunked form, chunk C={CHUNK}: 2·B·T·H·(3·K·V + C·(K+V)); fwd_bwd 3×",
+            "T",
+        ),
+        Case(
+            "lightning_attn",
+            ("B", "T", "H", "K", "V"),
+            {"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128},
+            _lightning,
+            _linear_flops(0),
+            "TFLOP/s",
+            f"chunked form, chunk C={CHUNK}: 2·B·T·H·(2·K·V + C·(K+V)); fwd_bwd 3×",
+            "T",
+        ),
+        Case(
+            "recurrent",
+            ("B", "T", "H", "K", "V"),
+            {"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128},
+            _recurrent,
+            _linear_flops(0),
+            "TFLOP/s",
+            f"chunked form, chunk C={CHUNK}: 2·B·T·H·(2·K·V + C·(K+V)); fwd_bwd 3×",
             "T",
         ),
         Case(

@@ -252,4 +252,6 @@ for _peer in (
 TORCH_PEERS: dict[str, tuple[str, str]] = {  # op -> (peer name, module)
     "gla": ("fla-chunk_gla", "fla"),
     "gated_delta_rule": ("fla-chunk_gated_delta_rule", "fla"),
+    "lightning_attn": ("fla-chunk_simple_gla", "fla"),
+    "recurrent": ("fla-chunk_simple_gla", "fla"),
 }

@@ -19,7 +19,12 @@ from typing import Any
 
 import numpy as np
 
-NAMES = {"gla": ("q", "k", "v", "g"), "gated_delta_rule": ("q", "k", "v", "g", "beta")}
+NAMES = {
+    "gla": ("q", "k", "v", "g"),
+    "gated_delta_rule": ("q", "k", "v", "g", "beta"),
+    "lightning_attn": ("q", "k", "v", "slope"),
+    "recurrent": ("q", "k", "v", "g"),
+}
 
 
 def run_child(
@@ -87,6 +92,7 @@ def _child(d: Path) -> dict[str, Any]:  # pragma: no cover - runs on a GPU machi
         import torch
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
         from fla.ops.gla import chunk_gla
+        from fla.ops.simple_gla import chunk_simple_gla
     except Exception as e:  # noqa: BLE001
         return {"skip": f"fla does not import: {type(e).__name__}: {e}"}
     if not torch.cuda.is_available():
@@ -94,7 +100,13 @@ def _child(d: Path) -> dict[str, Any]:  # pragma: no cover - runs on a GPU machi
     dtype = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}[task["dtype"]]
     op = task["op"]
     args = [torch.from_numpy(np.load(d / f"{n}.npy")).cuda().to(dtype) for n in NAMES[op]]
-    fn = chunk_gla if op == "gla" else chunk_gated_delta_rule
+    fn: Callable[..., Any] = {"gla": chunk_gla, "gated_delta_rule": chunk_gated_delta_rule}.get(op, chunk_simple_gla)
+    if op == "lightning_attn":  # a per-head decay exp(-slope): simple gla's log gate -slope at every step
+        slope = torch.from_numpy(np.load(d / "slope.npy")).cuda()
+        b, t = args[0].shape[:2]
+        gate = (-slope).expand(b, t, slope.shape[0]).contiguous()
+        args = args[:3]  # the gradients the parent compares: q, k, v (slope's is not timed)
+        fn = lambda q, k, v: chunk_simple_gla(q, k, v, g=gate)  # noqa: E731
     ct = None
 
     def call() -> Any:
