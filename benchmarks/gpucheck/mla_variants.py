@@ -1,5 +1,5 @@
 """MLA decode on a GPU: the split-K kernel under several launch plans, and the transposed variant
-(``mla_t_kernel.py``: scores computed as ``K Q^T``, the output accumulated transposed, one value block), each
+(``MlaDecodeParams(transposed=True)``: scores computed as ``K Q^T``, the output accumulated transposed, one value block), each
 checked against the float32 reference and timed (median of 20, ``jax.block_until_ready``). Also the XLA
 ``page_attention`` fallback at two key-block sizes against the naive gather + dense attention.
 
@@ -16,17 +16,17 @@ import time
 
 import jax
 import jax.numpy as jnp
-import mla_t_kernel  # noqa: E402 (next to this script)
 import numpy as np
 
-from ejkernel.device import cdiv
 from ejkernel.testing import reference
 
-from ejkernel_triton import launch
-from ejkernel_triton._decode import merge_splits
 from ejkernel_triton.multi_head_latent_attention import interface as mla
 
 B, L, DL, DR, P = 64, 4096, 512, 64, 64
+# Plans (rows, keys, value dims, warps, stages, splits; all 0: the default) and transposed (rows, keys, warps, stages,
+# splits); the command line may replace them: ``split=64/64/512/8/2/2,...`` and ``t=64/64/8/2/2,...``.
+SPLIT_K = ((0, 0, 0, 0, 0, 0), (64, 64, 512, 8, 1, 2), (64, 64, 512, 8, 1, 4), (64, 32, 512, 8, 2, 2))
+TRANSPOSED = ((64, 64, 8, 2, 2), (64, 64, 8, 1, 2), (32, 64, 4, 3, 2), (16, 64, 4, 3, 4))
 
 
 def ms(f, *args):
@@ -41,20 +41,11 @@ def ms(f, *args):
 
 
 def transposed(q, kv, lens, tables, br, bn, warps, stages, splits):
-    b, t, h, d = q.shape
-    r = t * h
-    o, lse = launch.launch(
-        mla_t_kernel.mla_decode_fwd_t, q, kv, lens, tables, float(d**-0.5), int(tables.shape[1]), int(kv.shape[1]),
-        int(kv.shape[0]),
-        out_shape=(jax.ShapeDtypeStruct((b, splits, r, DL), jnp.float32), jax.ShapeDtypeStruct((b, splits, r), jnp.float32)),
-        grid=(cdiv(r, br), splits, b), num_warps=warps, num_stages=stages, name="mla_t",
-        T=t, H=h, DL=DL, DR=d - DL, BLOCK_R=br, BLOCK_DL=DL, BLOCK_DR=64, BLOCK_N=bn, PAGE=int(kv.shape[1]), PAGED=True,
-        CAUSAL=False, NUM_SPLITS=splits,
-    )  # fmt: skip
-    return merge_splits(o, lse, q.dtype).reshape(b, t, h, DL)
+    p = mla.MlaDecodeParams(br, bn, None, splits, warps, stages, transposed=True)
+    return mla.multi_head_latent_attention(q, kv, block_tables=tables, cache_seqlens=lens, fwd_params=p)
 
 
-def mla_case(h):
+def mla_case(h, split_k, transposed_plans):
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.standard_normal((B, 1, h, DL + DR)), jnp.bfloat16)
     kv = jnp.asarray(rng.standard_normal((B * L // P, P, DL + DR)), jnp.bfloat16)
@@ -79,9 +70,8 @@ def mla_case(h):
         except Exception as e:  # noqa: BLE001
             print(f"H{h} {name:34s} ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
 
-    for r, n, dv, w, st, sp in ((0, 0, 0, 0, 0, 0), (64, 64, 512, 8, 1, 2), (64, 64, 512, 8, 1, 4), (64, 64, 512, 8, 1, 8),
-                                (64, 32, 512, 8, 2, 2), (64, 32, 512, 8, 3, 4)):  # fmt: skip
-        p = mla.MlaDecodeParams() if r == 0 else mla.MlaDecodeParams(r, n, dv, sp, w, st)
+    for r, n, dv, w, st, sp in split_k:
+        p = mla.MlaDecodeParams() if r == 0 else mla.MlaDecodeParams(r, n, dv, sp, w, st, transposed=False)
         label = "split-K default" if r == 0 else f"split-K r{r} n{n} dv{dv} w{w} s{st} sp{sp}"
         report(
             label,
@@ -89,9 +79,7 @@ def mla_case(h):
                 q, kv, block_tables=tb, cache_seqlens=ln, fwd_params=p
             ),
         )
-    for br, bn, w, st, sp in ((64, 64, 8, 2, 2), (64, 64, 8, 1, 2), (64, 64, 8, 2, 4), (64, 128, 8, 1, 2),
-                              (32, 128, 8, 1, 2), (32, 64, 4, 2, 2), (32, 64, 4, 3, 2), (16, 64, 4, 3, 4),
-                              (16, 128, 4, 1, 4)):  # fmt: skip
+    for br, bn, w, st, sp in transposed_plans:
         if br > h:
             continue
         report(f"transposed r{br} n{bn} w{w} s{st} sp{sp}",
@@ -125,18 +113,44 @@ def paged_xla():
             (f"xla kpb{kpb} spc{spc}", lambda q, kc, vc, ln, tb, p=p: page_attention(q, kc, vc, ln, tb, fwd_params=p))
         )
     cases.append(("gather + dot_product_attention (again)", gather))
+
+    # The same XLA path without zeroing the values at positions that hold no key (the guard against stale cache
+    # contents): does that select cost a pass over the gathered values?
+    from ejkernel_xla import _paged
+
+    def unmasked(*a):
+        keep = _paged.update
+
+        def update(o, state, q, k, v, allowed, key_ok):
+            return keep(o, state, q, k, v, allowed, jnp.ones_like(key_ok))
+
+        _paged.update = update
+        try:
+            return page_attention(*a)
+        finally:
+            _paged.update = keep
+
+    cases += [("xla without the value mask", unmasked), ("xla default (again)", cases[1][1])]
     for name, f in cases:
-        out = jax.jit(f)(q, kc, vc, lens, tables)
-        err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref)))
-        t = ms(f, q, kc, vc, lens, tables)
-        print(f"page_attention {name:34s} {t:8.3f} ms {nbytes / t / 1e9:6.2f} TB/s err {err:.1e}", flush=True)
+        try:
+            out = jax.jit(f)(q, kc, vc, lens, tables)
+            err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - ref)))
+            t = ms(f, q, kc, vc, lens, tables)
+            print(f"page_attention {name:34s} {t:8.3f} ms {nbytes / t / 1e9:6.2f} TB/s err {err:.1e}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"page_attention {name:34s} ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
 
 
 if __name__ == "__main__":
-    what = sys.argv[1:] or ["mla", "xla"]
+    what = [a for a in sys.argv[1:] if "=" not in a] or ["mla", "xla"]
+    plans = {"split": SPLIT_K, "t": TRANSPOSED}
+    for arg in sys.argv[1:]:
+        name, _, given = arg.partition("=")
+        if name in plans:
+            plans[name] = tuple(tuple(int(x) for x in plan.split("/")) for plan in given.split(",") if plan)
     print(jax.devices(), flush=True)
     if "xla" in what:
         paged_xla()
     if "mla" in what:
         for h in (128, 16):
-            mla_case(h)
+            mla_case(h, plans["split"], plans["t"])

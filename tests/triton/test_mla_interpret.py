@@ -2,8 +2,9 @@
 
 The conformance suite checks the contract; this file checks what is particular to the split-K kernel: launch
 parameters (the clear errors, the generic mapping), the split count at DeepSeek-V3's dims on an H200 at batch 1 and
-64, the plans offered on a GPU (both ways to hold the accumulator), what ``supports`` declines, and table entries
-out of range under ``jit`` (clamped, never read outside the cache).
+64, the plans offered on a GPU (both ways to hold the accumulator, and the transposed form for few rows), what
+``supports`` declines, and table entries out of range under ``jit`` (clamped, never read outside the cache) in both
+forms of the kernel.
 """
 
 from __future__ import annotations
@@ -36,8 +37,8 @@ MlaDecodeParams, multi_head_latent_attention, supports = (
 DEEPSEEK = {"h": 128, "dl": 512, "dr": 64}
 
 
-def _deepseek(b: int, keys: int = 4096, e: int = 2) -> interface.Dims:
-    return interface.Dims(b, 1, DEEPSEEK["h"], DEEPSEEK["dl"], DEEPSEEK["dr"], keys, e)
+def _deepseek(b: int, keys: int = 4096, e: int = 2, heads: int = DEEPSEEK["h"]) -> interface.Dims:
+    return interface.Dims(b, 1, heads, DEEPSEEK["dl"], DEEPSEEK["dr"], keys, e)
 
 
 def test_params_errors_name_the_field():
@@ -53,6 +54,11 @@ def test_params_errors_name_the_field():
     )
     with pytest.raises(ValueError, match="q_blocksize"):
         MlaDecodeParams.from_generic(FwdParams(q_blocksize=16))
+    with pytest.raises(ValueError, match="MlaDecodeParams.transposed must be a bool or None, got 1"):
+        MlaDecodeParams(transposed=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="block_dv must be None or at least 512, got 256"):
+        interface.make_plan(_deepseek(1, heads=16), MlaDecodeParams(transposed=True, block_dv=256))
+    assert interface.make_plan(_deepseek(1), MlaDecodeParams(transposed=True)).block_dv == 512
 
 
 def test_split_count_fills_an_h200():
@@ -70,9 +76,10 @@ def test_gpu_plans_offer_both_accumulators(monkeypatch):
     monkeypatch.setattr(interface, "interpreting", lambda: False)
     d = _deepseek(64)
     base = interface.default_plan(d)
-    assert (base.block_rows, base.block_dv, base.block_n, base.num_warps, base.num_stages) == (64, 512, 64, 8, 1)
+    assert (base.block_rows, base.block_dv, base.block_n, base.num_warps, base.num_stages) == (64, 512, 64, 8, 2)
+    assert not base.transposed and interface.default_plan(_deepseek(64, heads=16)).transposed
     plans = interface.candidate_plans(d)
-    assert plans[0] == base and len(plans) == len(set(plans)) <= 8
+    assert plans[0] == base and len(plans) == len(set(plans)) <= 14
     assert any(p.block_dv == 512 for p in plans), "one value block (no score recomputation) is a candidate"
     assert any(p.block_dv < 512 for p in plans), "a split accumulator is a candidate"
     for p in plans:  # every one fits in shared memory (the estimate is what Triton reports on sm_90)
@@ -90,16 +97,19 @@ def test_supports_declines_prefill_and_wide_dims():
     assert "Dl=1024" in supports(inv(1, 1024, 64))
 
 
-def test_table_entries_out_of_range_are_clamped_under_jit():
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("page", [4, 16])  # a key tile (16 keys here) over several pages, and one inside a page
+def test_table_entries_out_of_range_are_clamped_under_jit(transposed, page):
     rng = np.random.default_rng(0)
-    b, t, h, dl, dr, page = 2, 2, 16, 16, 8, 4
+    b, t, h, dl, dr = 2, 2, 16, 16, 8
     lens = np.array([10, 7], np.int32)
     cache = rng.standard_normal((6, page, dl + dr)).astype(np.float32)
     q = rng.standard_normal((b, t, h, dl + dr)).astype(np.float32)
     tables = np.array([[0, 1, 99], [-5, 4, 3]], np.int32)  # 99 -> 5 and -5 -> 0 (pages in use)
     clamped = np.clip(tables, 0, 5)
+    p = MlaDecodeParams(transposed=transposed)
     run = jax.jit(lambda q, c, tb, n: multi_head_latent_attention(q, c, latent_dim=dl, causal=True, block_tables=tb,
-                                                                    cache_seqlens=n))  # fmt: skip
+                                                                    cache_seqlens=n, fwd_params=p))  # fmt: skip
     got = run(q, cache, tables, lens)
     want = reference.multi_head_latent_attention(
         q, cache, latent_dim=dl, causal=True, block_tables=clamped, cache_seqlens=lens

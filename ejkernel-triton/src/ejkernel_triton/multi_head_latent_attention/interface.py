@@ -7,8 +7,9 @@ pages of ``page`` tokens, maxp pages per sequence.
 
 All the query rows of a sequence attend the same latent per key, so a program takes ``block_rows`` of them against
 each key tile, loaded once; ``block_dv`` below Dl deals the value dims out to several programs (each recomputes
-the scores and holds a ``[block_rows, block_dv]`` float32 accumulator: fewer registers for more score work). The
-context is cut into ``num_splits`` runs of key blocks so that every SM has work: at batch 1 the sequence's few
+the scores and holds a ``[block_rows, block_dv]`` float32 accumulator: fewer registers for more score work). With
+few rows (16 heads: DeepSeek-V3's 128 over 8 GPUs) a tile of them is below a wgmma's 64 rows, so the kernel's
+transposed form (``MlaDecodeParams.transposed``) puts the keys in the dots' rows instead. The context is cut into ``num_splits`` runs of key blocks so that every SM has work: at batch 1 the sequence's few
 row blocks alone would leave an H200's 132 SMs idle; at batch 64 fewer splits are needed (:func:`num_splits`).
 
 Launch parameters: :class:`MlaDecodeParams` (None fields: :func:`heuristic_cfg`'s); the backward has none
@@ -91,8 +92,10 @@ class MlaDecodeParams(MappedParams):
     tile, a power of two from 16 to 256; ``block_dv``: value (latent) dims a program accumulates, a power of two
     from 16 to 1024 (Dl or more: all of them, one value block); ``num_splits``: splits of each sequence's context
     (0 or None: chosen from the batch, row blocks, context and SM count); ``num_warps`` (a power of two up to 16),
-    ``num_stages`` (software pipelining of the key loop, 1 to 8). None: the heuristic's. Generic ``kv_blocksize``,
-    ``num_warps`` and ``num_stages`` map to them.
+    ``num_stages`` (software pipelining of the key loop, 1 to 8); ``transposed``: the kernel's transposed form
+    (scores as ``K Q^T``, the keys in the dots' rows: for few query rows; one value block, so ``block_dv`` must be
+    None or cover Dl). None: the heuristic's. Generic ``kv_blocksize``, ``num_warps`` and ``num_stages`` map to
+    them.
 
     >>> MlaDecodeParams(block_rows=24)
     Traceback (most recent call last):
@@ -110,9 +113,12 @@ class MlaDecodeParams(MappedParams):
     num_splits: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    transposed: bool | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.transposed is not None and not isinstance(self.transposed, bool):
+            raise ValueError(f"MlaDecodeParams.transposed must be a bool or None, got {self.transposed!r}")
         check_positive(self, "block_rows", power_of_two=True, within=(16, 128))
         check_positive(self, "block_n", power_of_two=True, within=(16, 256))
         check_positive(self, "block_dv", power_of_two=True, within=(16, 1024))
@@ -135,7 +141,8 @@ class MlaBwdParams(MappedParams):
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """One launch: query rows per program, keys per tile, value dims per program, splits, warps, stages."""
+    """One launch: query rows per program, keys per tile, value dims per program, splits, warps, stages, and
+    which form of the kernel (the transposed one takes every value dim)."""
 
     block_rows: int
     block_n: int
@@ -143,6 +150,7 @@ class Plan:
     splits: int
     num_warps: int
     num_stages: int
+    transposed: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -218,17 +226,20 @@ def num_splits(d: Dims, block_rows: int, block_dv: int, block_n: int, sms: int |
 
 
 def default_plan(d: Dims) -> Plan:
-    """The heuristic on Hopper. Half precision: up to 64 rows (a wgmma's M), one value block up to Dl = 512 (the
-    scores computed once; a 64 x 512 float32 accumulator is 128 registers a thread over 8 warps), 64-key tiles, 1
-    stage (a 64 x 576 key tile and the query tile take 144 KB of shared memory).
-    Timed on the H200 at DeepSeek-V3's dims, B64 x 4096, 2026-12-04 (``benchmarks/gpucheck/mla_variants.py``):
-    0.64-0.77 ms against 1.12-1.19 ms for the former two value blocks of 256 with 32-key tiles (H128); 0.37-0.39
-    against 0.47-0.53 ms with 16 heads. float32: 16 rows, 16 keys, 128 value dims (FMA dots hold their operands
-    in registers). In Triton's interpreter: one value block, 16-key tiles, 2 splits (small and quick, still
-    exercising the merge)."""
+    """The heuristic on Hopper. Half precision, more than 16 query rows: up to 64 rows (a wgmma's M), one value
+    block up to Dl = 512 (the scores computed once; a 64 x 512 float32 accumulator is 128 registers a thread over 8
+    warps), 64-key tiles 2 deep (the query tile and two 64 x 576 key tiles: 216 KB of shared memory). 16 rows or
+    fewer (16 heads, e.g. DeepSeek-V3's 128 over 8 GPUs): the transposed form, 16 rows, 64-key tiles 2 deep, 4
+    warps. Timed on the H200 at DeepSeek-V3's dims, B64 x 4096, 2026-12-04 (``benchmarks/gpucheck/mla_variants.py``,
+    its own timer): with 128 heads 0.45 ms against 0.63-0.77 with one stage and 1.12-1.19 for the first default (two
+    value blocks of 256, 32-key tiles); with 16 heads the transposed form 0.23 ms against 0.33-0.35. float32: 16
+    rows, 16 keys, 128 value dims (FMA dots hold their operands in registers). In Triton's interpreter: one value
+    block, 16-key tiles, 2 splits (small and quick, still exercising the merge)."""
     bdl, rows = _pow2(d.dl), _pow2(d.rows)
     if interpreting():
         return Plan(min(64, rows), 16, bdl, 2, 4, 1)
+    if d.e < 4 and rows <= 16:
+        return Plan(16, 64, bdl, num_splits(d, 16, bdl, 64), 4, _stages(d, 16, 64, bdl, 2), True)
     if d.e < 4:
         block_rows = min(64, rows)
         block_dv = min(bdl, max(16, _ACC_ELEMENTS[2] // block_rows))
@@ -236,7 +247,7 @@ def default_plan(d: Dims) -> Plan:
     else:
         block_rows, block_dv, block_n = 16, min(bdl, 128), 16
     warps = 8 if block_rows * block_dv >= _ACC_ELEMENTS[2] or bdl >= 256 else 4
-    stages = _stages(d, block_rows, block_n, block_dv, 1)
+    stages = _stages(d, block_rows, block_n, block_dv, 2)
     return Plan(block_rows, block_n, block_dv, num_splits(d, block_rows, block_dv, block_n), warps, stages)
 
 
@@ -244,13 +255,28 @@ def make_plan(d: Dims, p: MlaDecodeParams) -> Plan:
     """The plan of a call: ``p``'s fields, the others the heuristic's (rows and value dims are used up to the
     call's rows and Dl rounded up to powers of two; splits follow the blocks when not given)."""
     base = default_plan(d)
+    bdl = _pow2(d.dl)
+    transposed = base.transposed if p.transposed is None else p.transposed
     block_rows = min(p.block_rows or base.block_rows, _pow2(d.rows))
-    block_dv = min(p.block_dv or base.block_dv, _pow2(d.dl))
+    block_dv = min(p.block_dv or base.block_dv, bdl)
+    if transposed:
+        if p.block_dv is not None and p.block_dv < bdl:
+            raise ValueError(
+                f"{OP}: MlaDecodeParams.transposed takes every value dim in one block: block_dv must be None or at "
+                f"least {bdl}, got {p.block_dv}"
+            )
+        block_dv = bdl
     block_n = p.block_n or base.block_n
-    same = (block_rows, block_n, block_dv) == (base.block_rows, base.block_n, base.block_dv)
+    same = (block_rows, block_n, block_dv, transposed) == (
+        base.block_rows,
+        base.block_n,
+        base.block_dv,
+        base.transposed,
+    )
     splits = p.num_splits or (base.splits if same or interpreting() else num_splits(d, block_rows, block_dv, block_n))
     stages = p.num_stages or (base.num_stages if same else _stages(d, block_rows, block_n, block_dv, 2))
-    return Plan(block_rows, block_n, block_dv, int(splits), int(p.num_warps or base.num_warps), int(stages))
+    warps = int(p.num_warps or base.num_warps)
+    return Plan(block_rows, block_n, block_dv, int(splits), warps, int(stages), transposed)
 
 
 def params_of(plan: Plan) -> MlaDecodeParams:
@@ -261,35 +287,44 @@ def params_of(plan: Plan) -> MlaDecodeParams:
         num_splits=plan.splits,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
+        transposed=plan.transposed,
     )
 
 
-# (rows, keys per tile, value dims, warps, stages) around the heuristic (times: the H200 at DeepSeek-V3's dims,
-# H128 / H16, 2026-12-04): 32-key tiles 2 deep (0.68-0.70 / 0.46 ms against the default's 0.64-0.77 / 0.37-0.39),
-# 16-key tiles 3 deep, the former default (two value blocks of 256: 1.12-1.19 / 0.47-0.53 ms), narrow value
-# blocks with 4 warps, and 32 rows (below a wgmma's 64: mma.sync, twice the programs per key tile).
+# (rows, keys per tile, value dims, warps, stages, transposed) around the heuristic (times: the H200 at DeepSeek-V3's
+# dims, 2026-12-04, benchmarks/results/2026-12-04-h200-mla-variants*.log): 64-key tiles 1 deep (0.63-0.77 ms with 128
+# heads against the default's 0.45), 32-key tiles 2 deep, 16-key tiles 3 deep, the first default (two value blocks of
+# 256: 1.12-1.19 ms), narrow value blocks with 4 warps, 32 rows (below a wgmma's 64: mma.sync), and the transposed
+# form with 16 rows (0.23 ms with 16 heads against the split form's 0.33-0.35; 0.9 ms with 128) and 64 rows.
 _GPU_SHAPES = (
-    (64, 32, 1024, 8, 2),
-    (64, 16, 1024, 8, 3),
-    (64, 32, 256, 8, 2),
-    (64, 32, 128, 4, 2),
-    (32, 32, 1024, 8, 2),
+    (64, 64, 1024, 8, 1, False),
+    (64, 32, 1024, 8, 2, False),
+    (64, 16, 1024, 8, 3, False),
+    (64, 32, 256, 8, 2, False),
+    (64, 32, 128, 4, 2, False),
+    (32, 32, 1024, 8, 2, False),
+    (64, 64, 1024, 8, 2, False),
+    (16, 64, 1024, 4, 2, True),
+    (16, 32, 1024, 4, 4, True),
+    (64, 64, 1024, 8, 2, True),
 )
 
 
 def candidate_plans(d: Dims) -> list[Plan]:
     """Plans worth timing, the heuristic's first; then the shapes of ``_GPU_SHAPES`` (clipped to the call's rows
     and Dl), each with its own split count and the stages shared memory allows, and the heuristic's with twice and
-    half its splits. In the interpreter: two more, small (several row and value blocks, 3 splits; one split)."""
+    half its splits. In the interpreter: three more, small (several row and value blocks, 3 splits; one split; the
+    transposed form)."""
     base = default_plan(d)
     out = [base]
     bdl, rows = _pow2(d.dl), _pow2(d.rows)
     if interpreting():
-        out += [Plan(16, 32, max(16, bdl // 2), 3, 4, 1), Plan(16, 16, bdl, 1, 4, 1)]
+        out += [Plan(16, 32, max(16, bdl // 2), 3, 4, 1), Plan(16, 16, bdl, 1, 4, 1), Plan(16, 16, bdl, 3, 4, 1, True)]
     elif d.e < 4:
-        for r, n, dv, warps, stages in _GPU_SHAPES:
+        for r, n, dv, warps, stages, transposed in _GPU_SHAPES:
             r, dv = min(r, rows), min(dv, bdl)
-            out.append(Plan(r, n, dv, num_splits(d, r, dv, n), warps, _stages(d, r, n, dv, stages)))
+            plan = Plan(r, n, dv, num_splits(d, r, dv, n), warps, _stages(d, r, n, dv, stages), transposed)
+            out.append(plan)
         for splits in (base.splits * 2, base.splits // 2):
             if 1 <= splits <= _MAX_SPLITS:
                 out.append(dataclasses.replace(base, splits=splits))
@@ -358,8 +393,14 @@ def _launch(s: Static, paged: bool, q: jax.Array, kv: jax.Array, lens: jax.Array
     b, t, h, d = q.shape
     r, dl, plan = t * h, s.latent_dim, s.plan
     num_pages, page = (kv.shape[0], kv.shape[1]) if paged else (1, 1)
+    value_block: dict[str, Any] = {}
+    if plan.transposed:  # one value block: the grid's first axis is the row blocks alone
+        kernel, grid = kern.mla_decode_fwd_t, cdiv(r, plan.block_rows)
+    else:
+        kernel, grid = kern.mla_decode_fwd, cdiv(r, plan.block_rows) * cdiv(dl, plan.block_dv)
+        value_block["BLOCK_DV"] = plan.block_dv
     o, lse = launch.launch(
-        kern.mla_decode_fwd,
+        kernel,
         q,
         kv,
         lens,
@@ -372,7 +413,7 @@ def _launch(s: Static, paged: bool, q: jax.Array, kv: jax.Array, lens: jax.Array
             jax.ShapeDtypeStruct((b, plan.splits, r, dl), jnp.float32),
             jax.ShapeDtypeStruct((b, plan.splits, r), jnp.float32),
         ),
-        grid=(cdiv(r, plan.block_rows) * cdiv(dl, plan.block_dv), plan.splits, b),
+        grid=(grid, plan.splits, b),
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
         name="ejkernel_mla_decode",
@@ -383,12 +424,12 @@ def _launch(s: Static, paged: bool, q: jax.Array, kv: jax.Array, lens: jax.Array
         BLOCK_R=plan.block_rows,
         BLOCK_DL=_pow2(dl),
         BLOCK_DR=_pow2(d - dl),
-        BLOCK_DV=plan.block_dv,
         BLOCK_N=plan.block_n,
         PAGE=int(page),
         PAGED=paged,
         CAUSAL=s.causal,
         NUM_SPLITS=plan.splits,
+        **value_block,
     )
     return merge_splits(o, lse, q.dtype).reshape(b, t, h, dl)
 
