@@ -1,6 +1,6 @@
 """The gated delta rule's forward+backward on a GPU: XLA's chunked implementation against the Triton chunked one
 at its default and its backward candidates (B4 T4096 H16 K=V=128 bf16, ``use_qk_l2norm``). The gradients of
-``sum(out * cotangent)`` are compared with XLA's (max abs error over max abs, per argument), then timed (median of
+``sum(out * cotangent)`` (and the forward's output, under several forward launches) are compared with XLA's (max abs error over max abs, per argument), then timed (median of
 15, ``jax.block_until_ready``). ``ejkernel bench``'s own check of this pass needs the float32 reference's VJP,
 which holds the state token by token (65 GiB here), hence this script.
 
@@ -52,6 +52,17 @@ def main():
 
         return jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))
 
+    from ejkernel_triton.gla.chunk import ChunkFwdParams
+
+    want_out = jax.jit(lambda *a: xla_gdr(*a, use_qk_l2norm=True)[0])
+    ref_out = want_out(*args).astype(jnp.float32)
+    print(f"xla chunked fwd     {ms(want_out, *args):8.3f} ms", flush=True)
+    for c, bv, w in ((0, 0, 0), (64, 64, 4), (32, 64, 8), (64, 64, 8), (32, 32, 4)):
+        p = ChunkFwdParams() if c == 0 else ChunkFwdParams(chunk_size=c, block_v=bv, num_warps=w)
+        f = jax.jit(lambda *a, p=p: chunk.gated_delta_rule(*a, use_qk_l2norm=True, fwd_params=p)[0])
+        err = float(jnp.max(jnp.abs(f(*args).astype(jnp.float32) - ref_out)) / jnp.max(jnp.abs(ref_out)))
+        label = "default" if c == 0 else f"c{c} bv{bv} w{w}"
+        print(f"triton_chunk fwd {label:12s} {ms(f, *args):8.3f} ms  rel err vs xla {err:.1e}", flush=True)
     base = grad_of(xla_gdr)
     want = base(*args)
     print(f"xla chunked fwd+bwd {ms(base, *args):8.3f} ms", flush=True)

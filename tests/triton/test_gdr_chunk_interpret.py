@@ -5,7 +5,8 @@ The conformance suite checks the contract; this file checks what is particular t
 several sizes with a partial last one, value channels split over programs, grouped value heads, strong gates,
 packed sequences with an empty one, bfloat16 inputs, every gradient against the reference's VJP in those cases,
 ``vmap`` folded into one launch (forward and backward), the candidates, what ``supports`` declines, the
-registration above XLA on GPUs, and that every kernel compiles for sm_90.
+registration above XLA on GPUs, near-equal keys (powers of ``A`` that grow, a tame ``(I + A)^-1``), and that
+every kernel compiles for sm_90.
 """
 
 from __future__ import annotations
@@ -71,14 +72,32 @@ def test_outputs_and_final_state_match_reference(shape, params, kw):
 
 
 def test_packed_sequences_bfloat16():
-    """Lengths 5, 0, 25 and 3 tokens in none; bfloat16 inputs (output in bfloat16, final state float32)."""
+    """Lengths 5, 0, 25 and 3 tokens in none; bfloat16 inputs (output in bfloat16, final state float32). The
+    forward's dots take bfloat16 operands here (the state, ``U'`` and ``T`` rounded as on a GPU), as
+    flash-linear-attention's do: about 1% off the float32 reference (0.4% with float32 operands)."""
     args, h0 = _inputs(1, 33, 2, 2, 16, 16, n=3, seed=2, dtype=jnp.bfloat16)
     cu = jnp.asarray([0, 5, 5, 30], jnp.int32)
     o, final = chunk.gated_delta_rule(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu)
     want_o, want_final = reference.gated_delta_rule(*args, initial_state=h0, output_final_state=True, cu_seqlens=cu)
     assert o.dtype == jnp.bfloat16 and final.dtype == jnp.float32
-    assert _rel(o, want_o) < 1e-2 and _rel(final, want_final) < 1e-5
+    assert _rel(o, want_o) < 2e-2 and _rel(final, want_final) < 1e-2
     assert np.all(np.asarray(o[0, 30:], np.float32) == 0)  # tokens outside every sequence: zeros
+
+
+def test_near_equal_keys_stay_accurate():
+    """Near-equal keys, beta near 1, almost no decay: ``(I + A)^-1`` is tame but the powers of ``A`` grow like
+    binomial coefficients (a product form ``(I - A)(I + A^2)...`` of the inverse was off by 1e9 here at chunks
+    of 64)."""
+    rng = np.random.default_rng(3)
+    k1 = rng.standard_normal(16) / 4.0
+    k = jnp.asarray(k1 + 1e-3 * rng.standard_normal((1, 64, 1, 16)), jnp.float32)
+    q, v = (jnp.asarray(rng.standard_normal((1, 64, 1, 16)), jnp.float32) for _ in range(2))
+    g, beta = jnp.full((1, 64, 1), -1e-3, jnp.float32), jnp.full((1, 64, 1), 0.95, jnp.float32)
+    o, final = chunk.gated_delta_rule(
+        q, k, v, g, beta, output_final_state=True, fwd_params=ChunkFwdParams(chunk_size=64)
+    )
+    want_o, want_final = reference.gated_delta_rule(q, k, v, g, beta, output_final_state=True)
+    assert _rel(o, want_o) < 1e-5 and _rel(final, want_final) < 1e-5
 
 
 def _vjps(fn, args, h0, cu, output_final_state, kw, seed=7):
@@ -131,7 +150,7 @@ def test_gradients_match_reference_vjp(shape, params, kw):
 
     got = _vjps(fn, args, h0, cu, final, kw)
     want = _vjps(reference.gated_delta_rule, args, h0, cu, final, kw)
-    tol = 1e-5 if dtype == jnp.float32 else 1e-2
+    tol = 1e-5 if dtype == jnp.float32 else 2e-2  # bfloat16: the dots' operands too (about 1% off)
     for name, a, b in zip(("dq", "dk", "dv", "dg", "dbeta", "dh0"), got, want, strict=False):
         assert a.dtype == b.dtype, (name, a.dtype, b.dtype)
         assert _rel(a, b) < tol, (name, _rel(a, b))

@@ -11,8 +11,10 @@ Kernels (``launch`` order; the forward is the first four, the backward recompute
 
 * :func:`chunk_gate_cumsum`: ``b``, the chunk-local cumulative gates (float32);
 * :func:`chunk_state_fwd`: one program per (sequence, value head, key block, value block) walks the chunks and
-  stores the state at each chunk's start ``h [NT, HV, K, V]`` and the final state;
-* :func:`chunk_intra_attn`: ``A [NT, HV, BT, BT]`` (scale included; zeros above the diagonal);
+  stores the state at each chunk's start ``h [NT, HV, K, V]`` (in ``h``'s dtype: the forward's feeds only dots
+  that round it to bfloat16 for bfloat16 inputs, so it is stored so) and the final state;
+* :func:`chunk_intra_attn`: ``A [NT, HV, BT, BT]`` (scale included; zeros above the diagonal; in ``A``'s dtype,
+  bfloat16 for bfloat16 inputs: every dot that reads it rounds it so);
 * :func:`chunk_output`: ``o = scale (q * exp(b)) @ h + A @ v``;
 * :func:`chunk_state_bwd`: the reverse recurrence of the state's gradient; stores ``dhe``, the gradient of the
   state at each chunk's *end* (what the chunk's keys and values fed), and the initial state's gradient;
@@ -24,8 +26,8 @@ Kernels (``launch`` order; the forward is the first four, the backward recompute
 Numerical stability (log gates may be -100 per token): no exponent is ever positive. The intra-chunk scores are
 computed in blocks of ``BC`` rows. The columns left of a row block are one product, ``exp(b_i - b_j)`` factored
 around the cumulative gate ``b_r`` of the block's first row, ``exp(b_i - b_r) exp(b_r - b_j)``, both factors at
-most 1; the diagonal block is computed element by element (in ``BKD`` key channels at a time), the exponent
-masked to ``j <= i`` before ``exp``. Padded rows and channels read as 0 and are kept out of every exponent that
+most 1; the diagonal block is computed element by element (:func:`chunk_intra_attn`: in ``BKD`` key channels at a
+time; :func:`chunk_dqk_intra`: one column at a time on a GPU), the exponent masked to ``j <= i`` before ``exp``. Padded rows and channels read as 0 and are kept out of every exponent that
 could be positive.
 
 Layouts (C-contiguous; ``R = B T`` rows of tokens, ``N`` sequences, ``NT`` chunks over all sequences):
@@ -36,7 +38,8 @@ Layouts (C-contiguous; ``R = B T`` rows of tokens, ``N`` sequences, ``NT`` chunk
 * ``Cu [N + 1]`` int32: sequence ``n`` is rows ``[Cu[n], Cu[n + 1])`` (non-decreasing, within ``[0, R]``);
   ``ChunkOff [N + 1]``: its chunks are ``[ChunkOff[n], ChunkOff[n + 1])``; ``ChunkSeq [NT]``: the sequence of
   each chunk (a chunk past the last is empty: every row masked);
-* states ``h0``, ``ht``, ``dht``, ``dh0 [N, HV, DK, DV]``, ``h``, ``dhe [NT, HV, DK, DV]``, float32.
+* states ``h0``, ``ht``, ``dht``, ``dh0 [N, HV, DK, DV]``, ``h``, ``dhe [NT, HV, DK, DV]``, float32 (``h`` of a
+  bfloat16 forward: bfloat16).
 
 Value head ``hv`` reads query/key head ``hv // (HV // H)`` in place. Programs that share a chunk's reads (its
 row, key or value blocks) are neighbours in the grid's first axis, so the second read comes from L2.
@@ -219,7 +222,7 @@ def chunk_state_fwd(
         b_h += state_at(H0, i_n, i_hv, o_k[:, None], o_v[None, :], m_k[:, None], m_v[None, :], HV, DK, DV)
     for i_c in range(n_chunks):
         i_t = c0 + i_c
-        tl.store(Hs + (i_t.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_h, mask=m_h)
+        tl.store(Hs + (i_t.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_h.to(Hs.dtype.element_ty), mask=m_h)
         start = bos + i_c * BT
         n_rows = tl.minimum(eos - start, BT)
         rows = start + o_t
@@ -291,7 +294,7 @@ def chunk_intra_attn(
         b_a = mm(b_qg, b_kg, b_a, 0, 0, DOT, EMU, PREC)
     p_a = A + ((i_t.to(tl.int64) * HV + i_hv) * BT + o_i[:, None]) * BT
     m_o = (o_t < i_i * BC) | (o_t >= i_i * BC + BC)  # every column but the diagonal block's (zeros right of it)
-    tl.store(p_a + o_t[None, :], b_a * scale, mask=m_o[None, :])
+    tl.store(p_a + o_t[None, :], (b_a * scale).to(A.dtype.element_ty), mask=m_o[None, :])
 
     # The diagonal block, element by element: exp of (b_i - b_j) masked to j <= i first.
     m_d = (o_i[:, None] >= o_i[None, :]) & m_i[:, None]  # [BC, BC]
@@ -304,7 +307,7 @@ def chunk_intra_attn(
         b_g = gate(GC, rows_i[:, None], o_k[None, :], m_ik, i_hv, HV, GK)
         b_e = tl.exp(tl.where(m_d[:, :, None], b_g[:, None, :] - b_g[None, :, :], float("-inf")))  # [i, j, c]
         b_d += tl.sum(b_q[:, None, :] * b_k[None, :, :] * b_e, axis=2)
-    tl.store(p_a + o_i[None, :], b_d * scale)
+    tl.store(p_a + o_i[None, :], (b_d * scale).to(A.dtype.element_ty))
 
 
 @triton.jit
@@ -537,13 +540,15 @@ def chunk_dqk_intra(
     BT: tl.constexpr,
     BC: tl.constexpr,
     BK: tl.constexpr,
+    BKD: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
 ):
     """The intra-chunk shares of ``dq`` and ``dk`` (float32, per value head) for rows ``[x BC, (x + 1) BC)`` and
     one key block, without the pairs ``i == j`` (:func:`chunk_dqk_inter` adds them): ``dq_i = sum_{j < i} dA_ij k_j
-    exp(b_i - b_j)``, ``dk_j = sum_{i > j} dA_ij q_i exp(b_i - b_j)``. Grid ``(NT * (BT // BC) * cdiv(DK, BK), HV)``."""
+    exp(b_i - b_j)``, ``dk_j = sum_{i > j} dA_ij q_i exp(b_i - b_j)``. ``BKD < BK`` (a GPU's plan): the diagonal
+    sub-block column by column, else as one ``[BC, BC, BK]`` tile. Grid ``(NT * (BT // BC) * cdiv(DK, BK), HV)``."""
     NK: tl.constexpr = (DK + BK - 1) // BK
     NX: tl.constexpr = (BT // BC) * NK
     i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the blocks of one chunk side by side (shared reads)
@@ -588,16 +593,30 @@ def chunk_dqk_intra(
     b_dk = mm(b_daT, b_qg, tl.zeros([BC, BK], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
     b_dk = b_dk * tl.exp(tl.where(m_x[:, None], b_rk[None, :] - b_gx, 0.0))
 
-    # The diagonal block, element by element (exponent masked to j < i before exp). The pairs i == j are left to
+    # The diagonal block, element by element (exponent masked to i > j before exp). The pairs i == j are left to
     # chunk_dqk_inter: their shares of q dq and k dk cancel exactly in dg, which is formed without them.
     b_qx = tile(Q, rows_x[:, None], o_k[None, :], m_xk, i_h, H, DK)  # [BC, BK]
-    b_kx = tile(K_, rows_x[:, None], o_k[None, :], m_xk, i_h, H, DK)
-    b_dd = tl.load(p_da + o_x[:, None] * BT + o_x[None, :])  # [i, j]
-    m_d = (o_x[:, None] > o_x[None, :]) & m_x[:, None]
-    b_e = tl.exp(tl.where(m_d[:, :, None], b_gx[:, None, :] - b_gx[None, :, :], float("-inf")))  # [i, j, c]
-    b_de = b_dd[:, :, None] * b_e
-    b_dq += tl.sum(b_de * b_kx[None, :, :], axis=1)
-    b_dk += tl.sum(b_de * b_qx[:, None, :], axis=0)
+    if BKD < BK:
+        # On a GPU: one column j at a time, E_ij = exp(b_i - b_j) ([BC, BK], rows i) gives dq_i += dA_ij k_j E_ij
+        # and dk_j = sum_i dA_ij q_i E_ij (placed in row j); each exp once, no [BC, BC, BK] tile.
+        for j in range(BC):
+            m_j = m_k & (o_k * 0 + i_x * BC + j < n_rows)
+            b_kj = tile(K_, bos + i_x * BC + j, o_k, m_j, i_h, H, DK)  # [BK]
+            b_gj = gate(GC, bos + i_x * BC + j, o_k, m_j, i_hv, HV, GK)
+            b_daj = tl.load(p_da + o_x * BT + (i_x * BC + j))  # [BC], dA[i, j]
+            b_e = tl.exp(tl.where(((o_c > j) & m_x)[:, None], b_gx - b_gj[None, :], float("-inf")))  # [BC, BK]
+            b_de = b_daj[:, None] * b_e
+            b_dq += b_de * b_kj[None, :]
+            b_dk += tl.where((o_c == j)[:, None], tl.sum(b_de * b_qx, axis=0)[None, :], 0.0)
+    else:
+        # In the interpreter (fewer, larger steps run faster there): the whole [BC, BC, BK] block at once.
+        b_kx = tile(K_, rows_x[:, None], o_k[None, :], m_xk, i_h, H, DK)
+        b_dd = tl.load(p_da + o_x[:, None] * BT + o_x[None, :])  # [i, j]
+        m_d = (o_x[:, None] > o_x[None, :]) & m_x[:, None]
+        b_e = tl.exp(tl.where(m_d[:, :, None], b_gx[:, None, :] - b_gx[None, :, :], float("-inf")))  # [i, j, c]
+        b_de = b_dd[:, :, None] * b_e
+        b_dq += tl.sum(b_de * b_kx[None, :, :], axis=1)
+        b_dk += tl.sum(b_de * b_qx[:, None, :], axis=0)
 
     p_x = (rows_x[:, None] * HV + i_hv) * DK + o_k[None, :]
     tl.store(DQ + p_x, b_dq, mask=m_xk)

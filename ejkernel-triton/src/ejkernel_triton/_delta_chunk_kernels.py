@@ -13,8 +13,9 @@ needed), and then
     O      = scale ((Q * exp(b)) S  +  (Q K^T * exp(b_i - b_j), j <= i) U')
     S_next = exp(b_L) S  +  (K * exp(b_L - b))^T U'                          (b_L: the chunk's last valid row)
 
-* :func:`delta_prep`: ``b``, ``w`` and ``u`` of every chunk (``T`` by forward substitution, row by row; the
-  backward also has it store ``T``);
+* :func:`delta_prep`: ``b``, ``w`` and ``u`` of every chunk (``T`` by recursive blocked inversion, ``2 log2(BT) -
+  2`` float32 dots at ``TPREC``, instead of a row-by-row forward substitution; the backward also has it store
+  ``T``);
 * :func:`delta_states`: one program per (sequence, value head, value block) walks the chunks with its
   ``[DK, BV]`` state tile in registers; stores ``U'`` and the state at each chunk's start, and the final state;
 * :func:`delta_output`: ``O`` chunk by chunk.
@@ -39,8 +40,13 @@ The backward reruns the first two (its own chunk size) and, with ``P = (Q K^T * 
 
 The backward's kernels keep their live tiles small (ptxas for sm_90 spilled every one of an earlier version that
 held several ``[BT, DK]`` float32 tiles at once): per-row factors scale the smaller operand of a dot or its product
-rather than a key tile, and sums over the key dim run in blocks of ``BKC`` channels. Their dots round both operands
-to ``DOT`` (``"bf16"`` for bfloat16 inputs, float32 accumulation; ``"fp32"``: float32 operands at ``PREC``).
+rather than a key tile, and sums over the key dim run in blocks of ``BKC`` channels. The forward's kernels scale
+the same way (``w = (T diag(beta exp(b))) K``, ``u = (T diag(beta)) V``: the factors scale ``T``'s columns; the
+state's update scales ``U'``), so input tiles go to their dots as loaded (ptxas for sm_90: no spills in the
+forward for bfloat16 inputs at chunks of 32 or 64 and value blocks of 32 or 64). Every dot, forward and
+backward, rounds both operands to ``DOT`` (``"bf16"`` for bfloat16 inputs, float32 accumulation;
+``"fp32"``: float32 operands at ``PREC``; ``EMU``: the interpreter's float32 dots of operands rounded so), but
+``T``'s own dots (float32 at ``TPREC``). States, ``T`` and every sum stay float32.
 
 ``db`` gathers every place ``b`` appears: where a factor ``exp(b_i - b_j)`` scales products ``x_i . y_j``, with
 ``dx``, ``dy`` the gradients through them, ``b_i`` gets ``x_i . dx_i`` and ``b_j`` gets ``-y_j . dy_j`` (so
@@ -51,14 +57,16 @@ Gates are log decays (``<= 0``), so ``b`` does not increase along a chunk and no
 (the differences are masked to ``j <= i`` before ``exp``). Padded rows (past a sequence's end) read ``k``, ``v``,
 ``beta`` and ``g`` as 0: their rows and columns of ``A`` are 0 and their ``U'`` is 0, so they change nothing.
 
-Layouts (C-contiguous; ``R = B T`` rows of tokens): ``q``, ``k [R, H, DK]`` (float32: ``use_qk_l2norm`` is
-applied before); ``v [R, HV, DV]``; ``g``, ``beta [R, HV]``; ``w [R, HV, DK]``, ``u``, ``U' [R, HV, DV]``,
-``b [R, HV]`` float32; ``T``, ``dP``, ``D [NT, HV, BT, BT]`` float32; states and their gradients
-``[N or NT, HV, DK, DV]`` float32; the backward's ``scale P^T dO``, ``dU'``, ``dvb [R, HV, DV]`` and gradients of
-``q``, ``k`` (per value head), ``g``, ``beta`` float32, ``dv`` in ``v``'s dtype; the chunk table of
-``ejkernel_triton._chunk_kernels`` (``Cu``, ``ChunkSeq``, ``ChunkOff``). Value head ``hv`` reads query/key head
-``hv // (HV // H)``. Every product of the forward is a float32 dot at ``PREC``. No dot result is transposed (Triton
-3.6 miscompiles ``tl.trans`` of a Hopper dot accumulator): transposed operands are loaded transposed from memory.
+Layouts (C-contiguous; ``R = B T`` rows of tokens): ``q``, ``k [R, H, DK]`` (any float dtype; ``use_qk_l2norm`` is
+applied before); ``v [R, HV, DV]``; ``g``, ``beta [R, HV]``; ``w [R, HV, DK]``, ``U' [R, HV, DV]`` and the states at
+the chunks' starts ``[NT, HV, DK, DV]`` in the dtype of their arrays (the forward stores them in the dots' operand
+dtype, which its dots round them to anyway; the backward in float32); ``u [R, HV, DV]``, ``b [R, HV]`` float32;
+``T``, ``dP``, ``D [NT, HV, BT, BT]`` float32; final and initial states and the states' gradients
+``[N or NT, HV, DK, DV]`` float32; the output in its array's dtype; the backward's ``scale P^T dO``, ``dU'``, ``dvb
+[R, HV, DV]`` and gradients of ``q``, ``k`` (per value head), ``g``, ``beta`` float32, ``dv`` in ``v``'s dtype; the
+chunk table of ``ejkernel_triton._chunk_kernels`` (``Cu``, ``ChunkSeq``, ``ChunkOff``). Value head ``hv`` reads
+query/key head ``hv // (HV // H)``. No dot result is transposed (Triton 3.6 miscompiles ``tl.trans`` of a Hopper dot
+accumulator): transposed operands are loaded transposed from memory.
 """
 
 from __future__ import annotations
@@ -73,6 +81,44 @@ from ejkernel_triton._chunk_kernels import chunk_span, rnd, state_at, tile
 def _scalar_col(X, rows, mask, i_hv, HV: tl.constexpr):
     """``X[rows, i_hv]`` of a ``[R, HV]`` array as float32, masked elements 0."""
     return tl.load(X + rows * HV + i_hv, mask=mask, other=0.0).to(tl.float32)
+
+
+@triton.jit
+def _raw(X, rows, cols, mask, i_head, NH: tl.constexpr, D: tl.constexpr, EMU: tl.constexpr):
+    """``X[rows, i_head, cols]`` of a ``[R, NH, D]`` array in its own dtype (a dot operand as stored; float32
+    holding its values when ``EMU``), masked elements 0. ``rows``/``cols`` broadcast as for ``tile``."""
+    x = tl.load(X + (rows * NH + i_head) * D + cols, mask=mask, other=0.0)
+    if EMU:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _dot(a, b, acc, DOT: tl.constexpr, EMU: tl.constexpr, PREC: tl.constexpr):
+    """``acc + a @ b`` (float32 accumulation; no ``acc``: ``a @ b``) with both operands rounded to ``DOT``
+    (``"bf16"``, or ``"fp32"``: float32 operands at ``PREC``); see :func:`ejkernel_triton._chunk_kernels.rnd`."""
+    return tl.dot(rnd(a, DOT, EMU), rnd(b, DOT, EMU), acc, input_precision=PREC)
+
+
+@triton.jit
+def _unit_lower_inverse(b_a, BT: tl.constexpr, TPREC: tl.constexpr):
+    """``(I + A)^-1`` of a strictly lower triangular float32 ``[BT, BT]`` tile ``A``, by recursive blocked
+    inversion on the whole tile: ``T`` holds the inverses of the diagonal blocks of size ``s`` (which are the
+    inverse's own diagonal blocks, so no entry outgrows the inverse's), and each level doubles ``s`` with
+    ``T <- T - T N T``, ``N`` being ``A`` masked to the lower off-diagonal ``s``-block of every ``2s``-block
+    (``[[T1, 0], [-T2 A21 T1, T2]]``). ``2 log2(BT) - 2`` float32 dots at ``TPREC`` (blocks of 1 and 2 need none),
+    no row loop; products of strictly lower tiles are exactly strictly lower, so the result is exactly unit lower
+    triangular. (The product form ``(I - A)(I + A^2)(I + A^4)...``, as many dots, is unstable: for near-equal keys
+    the powers of ``A`` grow like binomial coefficients and cancel.)"""
+    o_t = tl.arange(0, BT)
+    r, c = o_t[:, None], o_t[None, :]
+    b_t = tl.where(r == c, 1.0, tl.where((r // 2 == c // 2) & (r > c), -b_a, 0.0))  # blocks of 2
+    for lv in tl.static_range(1, 10):
+        if (1 << lv) < BT:
+            off = (r // (2 << lv) == c // (2 << lv)) & ((r >> lv) % 2 == 1) & ((c >> lv) % 2 == 0)
+            b_x = tl.dot(tl.where(off, -b_a, 0.0), b_t, input_precision=TPREC)  # -N T
+            b_t = tl.dot(b_t, b_x, b_t, input_precision=TPREC)  # T - T N T
+    return b_t
 
 
 @triton.jit
@@ -96,9 +142,13 @@ def delta_prep(
     BK: tl.constexpr,
     BV: tl.constexpr,
     STORE_T: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
     PREC: tl.constexpr,
+    TPREC: tl.constexpr,
 ):
-    """``b``, ``w``, ``u`` of one chunk and value head, and ``T`` (``TM``) when ``STORE_T``. Grid ``(NT, HV)``."""
+    """``b``, ``w`` (in ``W``'s dtype), ``u`` of one chunk and value head, and ``T`` (``TM``) when ``STORE_T``.
+    Grid ``(NT, HV)``."""
     i_t, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
     _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
@@ -110,32 +160,30 @@ def delta_prep(
 
     b_b = tl.cumsum(_scalar_col(G, rows, m_t, i_hv, HV), axis=0)  # [BT]
     b_beta = _scalar_col(Beta, rows, m_t, i_hv, HV)
-    b_k = tile(K_, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK)  # [BT, BK]
-    b_kT = tile(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK)  # [BK, BT]
+    b_k = _raw(K_, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK, EMU)  # [BT, BK]
+    b_kT = _raw(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU)  # [BK, BT]
     lower = o_t[:, None] > o_t[None, :]
     decay = tl.exp(tl.where(lower, b_b[:, None] - b_b[None, :], 0.0))
-    b_a = tl.dot(b_k, b_kT, input_precision=PREC) * decay * b_beta[:, None]
+    b_a = _dot(b_k, b_kT, None, DOT, EMU, PREC) * decay * b_beta[:, None]
     b_a = tl.where(lower, b_a, 0.0)  # [BT, BT], strictly lower
 
-    # T = (I + A)^-1, unit lower triangular: row i is e_i - A[i, :] T (the rows above it are final already).
-    b_tri = tl.where(o_t[:, None] == o_t[None, :], 1.0, 0.0)
-    for i in range(1, BT):
-        pick = o_t[:, None] == i
-        a_i = tl.sum(tl.where(pick, b_a, 0.0), axis=0)  # [BT]: A[i, :]
-        row = tl.where(o_t == i, 1.0, 0.0) - tl.sum(a_i[:, None] * b_tri, axis=0)
-        b_tri = tl.where(pick, row[None, :], b_tri)
-
+    b_tri = _unit_lower_inverse(b_a, BT, TPREC)  # T = (I + A)^-1
     if STORE_T:  # for the backward (padding rows and columns of T are the identity's)
         tl.store(TM + ((i_t.to(tl.int64) * HV + i_hv) * BT + o_t[:, None]) * BT + o_t[None, :], b_tri)
-    b_kw = b_k * (b_beta * tl.exp(b_b))[:, None]
-    b_w = tl.dot(b_tri, b_kw, input_precision=PREC)  # [BT, BK]
-    tl.store(W + (rows[:, None] * HV + i_hv) * DK + o_k[None, :], b_w, mask=m_t[:, None] & m_k[None, :])
+    # w = T diag(beta exp(b)) K and u = T diag(beta) V: the row factors scale T's columns, the tiles go as loaded.
+    b_w = _dot(b_tri * (b_beta * tl.exp(b_b))[None, :], b_k, None, DOT, EMU, PREC)  # [BT, BK]
+    tl.store(
+        W + (rows[:, None] * HV + i_hv) * DK + o_k[None, :],
+        b_w.to(W.dtype.element_ty),
+        mask=m_t[:, None] & m_k[None, :],
+    )
     tl.store(B + rows * HV + i_hv, b_b, mask=m_t)
+    b_tu = rnd(b_tri * b_beta[None, :], DOT, EMU)
     for i_v in range(tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_tv = m_t[:, None] & (o_v < DV)[None, :]
-        b_v = tile(V_, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
-        b_u = tl.dot(b_tri, b_v * b_beta[:, None], input_precision=PREC)
+        b_v = _raw(V_, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)  # [BT, BV]
+        b_u = _dot(b_tu, b_v, None, DOT, EMU, PREC)
         tl.store(U + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_u, mask=m_tv)
 
 
@@ -159,10 +207,13 @@ def delta_states(
     BK: tl.constexpr,
     BV: tl.constexpr,
     HAS_H0: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """``U'`` (``UC``), the state at each chunk's start (``Hs``) and the final state (``HT``). Grid
-    ``(N * cdiv(DV, BV), HV)``."""
+    """``U'`` (``UC``) and the state at each chunk's start (``Hs``), in their arrays' dtypes, and the final
+    state (``HT``, float32). The state tile stays float32 in registers; its dots take it rounded to ``DOT``.
+    Grid ``(N * cdiv(DV, BV), HV)``."""
     NV: tl.constexpr = (DV + BV - 1) // BV
     i_p, i_hv = tl.program_id(0), tl.program_id(1)
     i_n = i_p // NV
@@ -185,21 +236,21 @@ def delta_states(
         b_h += tl.load(H0 + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, mask=m_h, other=0.0)
     for i_c in range(n_chunks):
         i_t = c0 + i_c
-        tl.store(Hs + (i_t.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_h, mask=m_h)
+        tl.store(Hs + (i_t.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_h.to(Hs.dtype.element_ty), mask=m_h)
         start = bos + i_c * BT
         n_rows = tl.minimum(eos - start, BT)
         rows = start + o_t
         m_t = o_t < n_rows
         m_tv = m_t[:, None] & m_v[None, :]
-        b_w = tile(W, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_hv, HV, DK)  # [BT, BK]
+        b_w = _raw(W, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_hv, HV, DK, EMU)  # [BT, BK]
         b_u = tile(U, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
-        b_uc = b_u - tl.dot(b_w, b_h, input_precision=PREC)  # U' = u - w S
-        tl.store(UC + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_uc, mask=m_tv)
+        b_uc = b_u - _dot(b_w, b_h, None, DOT, EMU, PREC)  # U' = u - w S
+        tl.store(UC + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_uc.to(UC.dtype.element_ty), mask=m_tv)
         b_b = _scalar_col(B, rows, m_t, i_hv, HV)
         b_bl = tl.sum(tl.where(o_t == n_rows - 1, b_b, 0.0), axis=0)  # the chunk's total log decay
-        b_kT = tile(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK)  # [BK, BT]
-        b_kT = b_kT * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[None, :]
-        b_h = b_h * tl.exp(b_bl) + tl.dot(b_kT, b_uc, input_precision=PREC)
+        b_kT = _raw(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU)  # [BK, BT]
+        b_uc = b_uc * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
+        b_h = _dot(b_kT, b_uc, b_h * tl.exp(b_bl), DOT, EMU, PREC)
     tl.store(HT + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_h, mask=m_h)
 
 
@@ -222,9 +273,11 @@ def delta_output(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """``O`` of one chunk, value head and value block. Grid ``(NT * cdiv(DV, BV), HV)``."""
+    """``O`` (in its array's dtype) of one chunk, value head and value block. Grid ``(NT * cdiv(DV, BV), HV)``."""
     NV: tl.constexpr = (DV + BV - 1) // BV
     i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the value blocks of one chunk side by side (shared reads)
     i_t = i_p // NV
@@ -241,32 +294,31 @@ def delta_output(
     m_tv = m_t[:, None] & m_v[None, :]
 
     b_b = _scalar_col(B, rows, m_t, i_hv, HV)
-    b_q = tile(Q, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK)  # [BT, BK]
-    b_kT = tile(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK)  # [BK, BT]
+    b_q = _raw(Q, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK, EMU)  # [BT, BK]
+    b_kT = _raw(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU)  # [BK, BT]
     causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
-    b_s = tl.dot(b_q, b_kT, input_precision=PREC) * tl.exp(tl.where(causal, b_b[:, None] - b_b[None, :], 0.0))
+    b_s = _dot(b_q, b_kT, None, DOT, EMU, PREC) * tl.exp(tl.where(causal, b_b[:, None] - b_b[None, :], 0.0))
     b_s = tl.where(causal, b_s, 0.0)  # [BT, BT]
     b_h = tl.load(
         Hs + (i_t.to(tl.int64) * HV + i_hv) * (DK * DV) + o_k[:, None] * DV + o_v[None, :],
         mask=m_k[:, None] & m_v[None, :],
         other=0.0,
-    )  # [BK, BV]
-    b_uc = tile(UC, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
-    b_o = tl.dot(b_q * tl.exp(tl.where(m_t, b_b, 0.0))[:, None], b_h, input_precision=PREC)
-    b_o = tl.dot(b_s, b_uc, b_o, input_precision=PREC) * scale
+    )  # [BK, BV], as stored
+    b_uc = tl.load(UC + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_tv, other=0.0)  # [BT, BV]
+    if EMU:
+        b_h, b_uc = b_h.to(tl.float32), b_uc.to(tl.float32)
+    b_eb = tl.exp(tl.where(m_t, b_b, 0.0))
+    if DOT == "fp32":  # (scaling the product instead made ptxas spill 7.6 KB for sm_90 at three tf32 passes)
+        b_o = _dot(b_q * b_eb[:, None], b_h, None, DOT, EMU, PREC)
+    else:  # the query tile goes to the dot as loaded
+        b_o = _dot(b_q, b_h, None, DOT, EMU, PREC) * b_eb[:, None]
+    b_o = _dot(b_s, b_uc, b_o, DOT, EMU, PREC) * scale
     tl.store(O + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_o.to(O.dtype.element_ty), mask=m_tv)
 
 
 # ------------------------------------------------------------------------------------------------
 # Backward.
 # ------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _dot(a, b, acc, DOT: tl.constexpr, EMU: tl.constexpr, PREC: tl.constexpr):
-    """``acc + a @ b`` (float32 accumulation; no ``acc``: ``a @ b``) with both operands rounded to ``DOT``
-    (``"bf16"``, or ``"fp32"``: float32 operands at ``PREC``); see :func:`ejkernel_triton._chunk_kernels.rnd`."""
-    return tl.dot(rnd(a, DOT, EMU), rnd(b, DOT, EMU), acc, input_precision=PREC)
 
 
 @triton.jit

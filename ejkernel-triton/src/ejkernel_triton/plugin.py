@@ -83,11 +83,13 @@ _CHUNK_FWD, _CHUNK_BWD = "ejkernel_triton.gla.chunk:ChunkFwdParams", "ejkernel_t
 # a float32 state: gated_delta_rule 3.28 TB/s against XLA's 1.99 and a Triton copy of the state's 2.90). They
 # decline sequences longer than a few decode steps (``supports``), so training shapes go to the chunked kernels.
 _RECURRENT_GPU_PRIORITY = 110
-# The chunked ``gla`` kernels (ejkernel_triton.gla.chunk), forward and backward: below the XLA implementation (10) on
-# GPUs. Correct on an H200 (forward, final state and every gradient, dense and packed, bf16 and f32:
-# benchmarks/gpucheck/gla_chunk.py), but at B4 T4096 H16 K=V=128 bf16 their forward+backward took 9.7 ms against
-# XLA's 7.7 (forward alone 2.0 against 3.0): raise this above 10 once the backward is faster. lightning_attn and
-# recurrent on them (added 2026-12-03, not yet run on a GPU) take the same priority.
+# The chunked ``gla`` kernels (ejkernel_triton.gla.chunk), forward and backward: above XLA (10) on GPUs for gla,
+# below the fused recurrent decode kernel (110). Checked on an H200 (conformance GPU tier, gradients included, and
+# benchmarks/gpucheck/gla_chunk.py, 2026-12-04) and timed there at B4 T4096 H16 K=V=128 bf16: forward 1.73 ms against
+# XLA's 3.08, forward+backward 6.64 against 7.72 (flash-linear-attention: about 0.9-1.0 and 4.15). lightning_attn and
+# recurrent on the same kernels passed the same GPU tier but are not timed against their XLA implementations: below
+# XLA (_CHUNK_GPU_PRIORITY) until they are.
+_GLA_CHUNK_GPU_PRIORITY = 50
 _CHUNK_GPU_PRIORITY = 5
 # lightning_attn/recurrent decode on gla's fused kernel: below XLA on GPUs. Their GPU tier passed on an H200
 # (2026-12-03), but lightning's decode step read 3.08 TB/s against XLA's 3.43 (B64 H16 K=V=128, float32 state): the
@@ -95,13 +97,13 @@ _CHUNK_GPU_PRIORITY = 5
 _FOLDED_DECODE_GPU_PRIORITY = 5
 # The chunked gated_delta_rule (the WY representation): above XLA (10) on GPUs, below the fused recurrent decode
 # kernel (110), which takes decode steps and declines longer sequences. Checked on an H200 (conformance GPU tier at
-# every candidate, gradients included, 2026-12-04) and timed there at B4 T4096 H16 K=V=128 bf16: forward 2.64 ms
-# against XLA's 2.84, forward+backward 4.85 ms against XLA's 9.13 (benchmarks/gpucheck/gdr_fwd_bwd.py). float32
+# every candidate, gradients included, 2026-12-04) and timed there at B4 T4096 H16 K=V=128 bf16: forward 0.89 ms
+# against XLA's 3.56, forward+backward 3.75 ms against XLA's 9.30 (benchmarks/gpucheck/gdr_fwd_bwd.py). float32
 # inputs (three tf32 passes, some spills) are checked but not timed.
 _GDR_CHUNK_GPU_PRIORITY = 50
 # The split-K decode kernel of ``multi_head_latent_attention``: above XLA on GPUs. Its output was checked against the
-# reference on an H200 and it read 0.735 TB/s at DeepSeek-V3 dims (B64 x 4096, H128) against XLA's 0.083 (2026-12-04;
-# far from a copy's 3.9: see BENCHMARKS.md). Its backward is the reference's VJP.
+# reference on an H200 and it read 0.98 TB/s at DeepSeek-V3 dims (B64 x 4096, H128) against XLA's 0.089, and 2.46
+# with 16 heads (2026-12-04; a copy reaches 3.65-3.9: see BENCHMARKS.md). Its backward is the reference's VJP.
 _MLA_GPU_PRIORITY = 100
 # (op, module, fwd params, bwd params, priority on GPUs, name suffix): registered for GPUs as "triton<suffix>", and
 # for the CPU as "triton<suffix>_interpret" at priority 1 when EJKERNEL_TRITON_INTERPRET=1.
@@ -128,7 +130,7 @@ _KERNELS = (
      _FOLDED_DECODE_GPU_PRIORITY, ""),
     # The chunked kernels (training shapes); lightning_attn and recurrent (no value gate) on gla's, their gates
     # folded as for decoding.
-    ("gla", "gla.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
+    ("gla", "gla.chunk", _CHUNK_FWD, _CHUNK_BWD, _GLA_CHUNK_GPU_PRIORITY, "_chunk"),
     ("lightning_attn", "lightning_attn.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     ("recurrent", "recurrent.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     # The chunked gated_delta_rule (the WY representation), forward and backward.

@@ -5,8 +5,15 @@ Tokens are cut into chunks of ``chunk_size`` (every packed sequence starts a new
 ``ejkernel_triton.gla.chunk``'s, computed on the device, so the call works under ``jit``). ``use_qk_l2norm``
 normalizes ``q`` and ``k`` in float32 before the launches (the backward takes the normalization's VJP in XLA).
 Grouped value heads read their query/key head in the kernels; ``dq``/``dk`` are computed per value head and
-summed over each group afterwards. Every product is a float32 dot (three tf32 passes on a GPU); states are
-float32.
+summed over each group afterwards.
+
+Dots: bfloat16 inputs (``v``'s dtype decides) take bfloat16 operands with float32 accumulation, forward and
+backward, as flash-linear-attention's kernels do (about 1% off a float32 computation; the conformance
+tolerance for bfloat16 is 4%); the states, ``T`` and every sum stay float32, and ``T = (I + A)^-1`` is computed
+by float32 dots (single-pass tf32). The forward hands ``q`` and ``k`` to the kernels in bfloat16 then
+(normalized in float32 first, with ``use_qk_l2norm``) and stores ``w``, ``U'`` and the per-chunk states, which
+only its dots read, in bfloat16; the output comes out of the kernel in ``q``'s dtype. Other inputs: float32
+operands at three tf32 passes (``ieee`` in the interpreter, where bfloat16 operands are emulated by rounding).
 
 Gradients: ``jax.custom_vjp`` (residuals: the inputs only). The backward reruns the forward's first two launches
 with its own chunk size (``w``, ``u``, ``T``, ``U'`` and the state at each chunk's start), then the reverse pass of
@@ -14,20 +21,23 @@ the state's gradient (``dU'``, the gradient at each chunk's end, the initial sta
 needs no state is computed before it, every chunk in parallel), the WY representation's backward (``dv``) and
 ``dq``, ``dk``, ``dg``, ``dbeta``. The backward's dots take bfloat16 operands for bfloat16 inputs (float32
 accumulation; the states, their gradients and every sum stay float32; in the interpreter, float32 dots of the
-rounded operands), float32 ones at three tf32 passes for other inputs. Its memory: the per-chunk states and their gradients,
-``2 (T / C) * HV * K * V`` float32 per batch row, and ``O(T HV (K + V + C))``. Launch parameters:
-:class:`~ejkernel_triton.gla.chunk.ChunkFwdParams` and :class:`~ejkernel_triton.gla.chunk.ChunkBwdParams`
-(``chunk_size``, ``block_v``, warps, stages; ``block_k`` is the whole padded head dim here). Declined
-(``supports``): head dims above 256 (key dims above 128 on a GPU), dtypes other than float32, bfloat16 and
-float16.
+rounded operands), float32 ones at three tf32 passes for other inputs; its rerun of the forward's first two launches
+too (storing float32). Its memory: the per-chunk states and their gradients, ``2 (T / C) * HV * K * V`` float32 per
+batch row, and ``O(T HV (K + V + C))``. Launch parameters: :class:`~ejkernel_triton.gla.chunk.ChunkFwdParams` and
+:class:`~ejkernel_triton.gla.chunk.ChunkBwdParams` (``chunk_size``, ``block_v``, warps, stages; ``block_k`` is the
+whole padded head dim here). Declined (``supports``): head dims above 256 (key dims above 128 on a GPU), dtypes
+other than float32, bfloat16 and float16.
 
-Speed (H200, B4 T4096 H16 K=V=128 bf16, 2026-12-04): forward 2.64 ms against XLA's chunked 2.84 (``ejkernel bench``),
-forward+backward 4.85 ms against XLA's 9.13 (``benchmarks/gpucheck/gdr_fwd_bwd.py``, gradients within 8e-3 of
-XLA's). The backward's first form (chunks of 64, value blocks of 64, 2 warps) spilled over 100 KB in every kernel
-and took 182 ms; it was restructured (the state-free share of ``dU'`` in its own launch, key tiles fed to the dots
-as loaded, sums over key dims in blocks of 64 channels, bfloat16 dot operands for bfloat16 inputs) with chunks of
-32, value blocks of 32 and 4 warps (ptxas for sm_90: no spills for bfloat16 inputs but 40 bytes in
-``delta_bwd_qk``). Registered above XLA on GPUs, below the fused recurrent decode kernel.
+Speed (H200, B4 T4096 H16 K=V=128 bf16, ``use_qk_l2norm``, 2026-12-04, ``benchmarks/gpucheck/gdr_fwd_bwd.py``;
+outputs within 1e-2 and gradients within 8e-3 of XLA's): forward **0.89 ms** against XLA's chunked 3.56 (0.82 at
+chunks of 64; flash-linear-attention's chunk kernels took 1.16 ms on the issue filer's H200),
+forward+backward **3.75 ms** against XLA's 9.30. Before this form's forward (bfloat16 operands, the blocked
+inversion; ptxas for sm_90: no spills for bfloat16 inputs where the former spilled 108 to 876 bytes in each of its
+three kernels): 2.64 and 4.85 ms. The backward's first form (chunks of 64, value blocks of 64, 2 warps) spilled over
+100 KB in every kernel and took 182 ms; it was restructured (the state-free share of ``dU'`` in its own launch, key
+tiles fed to the dots as loaded, sums over key dims in blocks of 64 channels, bfloat16 dot operands for bfloat16
+inputs) with chunks of 32, value blocks of 32 and 4 warps (ptxas for sm_90: no spills for bfloat16 inputs but 16-40
+bytes in ``delta_bwd_qk``). Registered above XLA on GPUs, below the fused recurrent decode kernel.
 
 Importing this module does not import Triton.
 """
@@ -73,11 +83,18 @@ def _plan(dk: int, dv: int, p: ChunkFwdParams | ChunkBwdParams) -> Plan:
     Measured on the H200 (B4 T4096 H16 K=V=128, the forward's three launches timed one by one,
     ``benchmarks/results/2026-12-03-h200-gdr-chunk-launches.log``): chunks of 64 spend most of their time in the
     row-by-row forward substitution of ``delta_prep`` (1.75 ms of 3.08 with single-pass tf32 dots), chunks of 32
-    take 2.12 ms in all. The backward's old default (chunks of 64, value blocks of 64, 2 warps) was checked on the
-    GPU and was slow: every kernel spilled (over 100 KB each). The backward's default now (chunks of 32, value blocks
-    of 32, 4 warps; 4.85 ms forward+backward on the H200, the fastest of the candidates) is chosen by ptxas's reports for sm_90 at K = V = 128: no spills for
-    bfloat16 inputs but 40 bytes in ``delta_bwd_qk``; for float32 inputs (three tf32 passes) 648 bytes in the state
-    pass, 332 in ``delta_bwd_qk`` and 32 in ``delta_bwd_wy`` (module docstring)."""
+    take 2.12 ms in all. That substitution is now a recursive blocked inversion in ``2 log2(C) - 2`` dots and the
+    forward's dots take bfloat16 operands for bfloat16 inputs (0.89 ms at chunks of 32 on the H200, 0.82 at 64, 1.03-1.23
+    at 8 warps; ptxas for sm_90, bfloat16
+    inputs at K = V = 128: no spills at chunks of 32 or 64, value blocks of 32 or 64, 4 or 8 warps, every pairing
+    tried; the state pass at chunks of 32 and value blocks of 64 is at 254 registers with 4 warps, 176 with 8; at 64
+    and 64 with 4 warps: 214; float32 inputs: 96 bytes spilled in ``delta_prep``, 708 in the state pass, 256 in
+    ``delta_output``, about as before). The backward's old default (chunks of 64, value blocks of 64, 2 warps) was
+    checked on the GPU and was slow: every kernel spilled (over 100 KB each). The backward's default now (chunks of
+    32, value blocks of 32, 4 warps; 3.75 ms forward+backward on the H200, the fastest of the candidates) is chosen
+    by ptxas's reports for sm_90 at K = V = 128: no spills for bfloat16 inputs but 40 bytes in ``delta_bwd_qk``; for
+    float32 inputs (three tf32 passes) 648 bytes in the state pass, 332 in ``delta_bwd_qk`` and 32 in
+    ``delta_bwd_wy`` (module docstring)."""
     if p.block_k is not None and p.block_k != _pow2(dk):
         raise ValueError(
             f"ejkernel-triton {OP} (chunked): {type(p).__name__}.block_k must be None or {_pow2(dk)} (the whole "
@@ -107,10 +124,10 @@ def heuristic_cfg(inv: Any, stage: str = "fwd") -> ChunkFwdParams | ChunkBwdPara
 def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[ChunkBwdParams]:
     """The heuristic's first; then chunks of 32 or 64, value blocks of 32 or 64, 4 or 8 warps (the backward:
     chunks of 32 with value blocks of 32 or 64 at 4 or 8 warps, and chunks of 16 with value blocks of 32 at 4
-    warps, where no kernel of the backward spills on sm_90 for bfloat16 inputs; 4.9-7.4 ms on the H200)."""
+    warps, where no kernel of the backward spills on sm_90 for bfloat16 inputs; 3.8-5.8 ms on the H200)."""
     base = heuristic_cfg(inv, stage)
     out: list[Any] = [base]
-    others: tuple[tuple[int, int, int], ...] = ((64, 64, 4), (64, 32, 4), (32, 64, 4), (64, 64, 8), (32, 32, 4))
+    others: tuple[tuple[int, int, int], ...] = ((64, 64, 4), (64, 32, 4), (32, 64, 8), (64, 64, 8), (32, 32, 4))
     if stage != "fwd":
         others = ((16, 32, 4), (32, 32, 8), (32, 64, 4), (32, 64, 8))
     for chunk, bv, warps in others:
@@ -148,18 +165,23 @@ class Static:
     use_qk_l2norm: bool
 
 
-def _prec() -> str:
-    return "ieee" if interpreting() else "tf32x3"
-
-
-def _bwd_dots(dtype: Any) -> dict[str, Any]:
-    """The backward kernels' dots for inputs of ``dtype``: bfloat16 inputs take bfloat16 operands (float32
+def _dots(dtype: Any) -> dict[str, Any]:
+    """Every kernel's dots for inputs of ``dtype`` (``v``'s): bfloat16 inputs take bfloat16 operands (float32
     accumulation; the states and every sum stay float32), others float32 operands at three tf32 passes; in the
-    interpreter, float32 dots of operands rounded as on a GPU (``EMU``)."""
+    interpreter, float32 dots of operands rounded as on a GPU (``EMU``). ``TPREC``: ``delta_prep``'s float32
+    dots that invert ``I + A`` (single-pass tf32 for bfloat16 inputs, whose ``T`` then goes to bfloat16
+    operands; three passes for the others; ``ieee`` in the interpreter)."""
     dot = "bf16" if np.dtype(dtype).name == "bfloat16" else "fp32"
     if interpreting():
-        return {"DOT": dot, "EMU": dot != "fp32", "PREC": "ieee"}
-    return {"DOT": dot, "EMU": False, "PREC": "tf32" if dot != "fp32" else "tf32x3"}
+        return {"DOT": dot, "EMU": dot != "fp32", "PREC": "ieee", "TPREC": "ieee"}
+    prec = "tf32" if dot != "fp32" else "tf32x3"
+    return {"DOT": dot, "EMU": False, "PREC": prec, "TPREC": prec}
+
+
+def _operand_dtype(dtype: Any) -> Any:
+    """The dtype the forward hands ``q``, ``k`` to the kernels in and stores ``w``, ``U'`` and the per-chunk
+    states in for inputs of ``dtype``: the dots' operand dtype (their dots round them to it anyway)."""
+    return jnp.bfloat16 if _dots(dtype)["DOT"] == "bf16" else jnp.float32
 
 
 def _launch_common(plan: Plan, h: int, hv: int, dk: int, dv: int) -> dict[str, Any]:
@@ -172,22 +194,22 @@ def _launch_common(plan: Plan, h: int, hv: int, dk: int, dv: int) -> dict[str, A
         "BT": plan.chunk,
         "BK": _pow2(dk),
         "BV": plan.block_v,
-        "PREC": _prec(),
         "num_warps": plan.num_warps,
         "num_stages": plan.num_stages,
     }
 
 
-def _prologue(plan: Plan, tab: Any, k, v, g, beta, h0, store_t: bool):  # noqa: ANN001, ANN202
+def _prologue(plan: Plan, tab: Any, k, v, g, beta, h0, store_t: bool, inter: Any):  # noqa: ANN001, ANN202
     """What the forward and the backward both need: ``(w, u, b, T or None, U', the state at each chunk's start,
-    the final state)``, float32."""
+    the final state)``: ``w``, ``U'`` and the states at the chunks' starts in ``inter``, the others float32."""
     from ejkernel_triton import _delta_chunk_kernels as kern
     from ejkernel_triton import launch
 
     r, h, dk = k.shape
     hv, dv = v.shape[1], v.shape[2]
     f32 = jnp.float32
-    common = _launch_common(plan, h, hv, dk, dv)
+    common = {**_launch_common(plan, h, hv, dk, dv), **_dots(v.dtype)}
+    state_common = {n: x for n, x in common.items() if n != "TPREC"}
     w, u, b, t = launch.launch(
         kern.delta_prep,
         k,
@@ -198,7 +220,7 @@ def _prologue(plan: Plan, tab: Any, k, v, g, beta, h0, store_t: bool):  # noqa: 
         tab.seq,
         tab.off,
         out_shape=(
-            jax.ShapeDtypeStruct((r, hv, dk), f32),
+            jax.ShapeDtypeStruct((r, hv, dk), inter),
             jax.ShapeDtypeStruct((r, hv, dv), f32),
             jax.ShapeDtypeStruct((r, hv), f32),
             jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk) if store_t else (1,), f32),
@@ -218,27 +240,27 @@ def _prologue(plan: Plan, tab: Any, k, v, g, beta, h0, store_t: bool):  # noqa: 
         tab.cu,
         tab.off,
         out_shape=(
-            jax.ShapeDtypeStruct((r, hv, dv), f32),
-            jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), f32),
+            jax.ShapeDtypeStruct((r, hv, dv), inter),
+            jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), inter),
             jax.ShapeDtypeStruct((tab.n, hv, dk, dv), f32),
         ),
         grid=(tab.n * cdiv(dv, plan.block_v), hv),
         name="ejkernel_gdr_chunk_states",
         HAS_H0=h0 is not None,
-        **common,
+        **state_common,
     )
     return w, u, b, (t if store_t else None), uc, hs, ht
 
 
-def _forward_rows(s: Static, tab: Any, q, k, v, g, beta, h0):  # noqa: ANN001, ANN202
-    """``(o [R, HV, V], final state [N, HV, K, V])`` of token rows laid out by ``tab``, float32."""
+def _forward_rows(s: Static, tab: Any, q, k, v, g, beta, h0, out_dtype):  # noqa: ANN001, ANN202
+    """``(o [R, HV, V] in out_dtype, final state [N, HV, K, V] float32)`` of token rows laid out by ``tab``."""
     from ejkernel_triton import _delta_chunk_kernels as kern
     from ejkernel_triton import launch
 
     plan = s.fwd
     r, h, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
-    _, _, b, _, uc, hs, ht = _prologue(plan, tab, k, v, g, beta, h0, False)
+    _, _, b, _, uc, hs, ht = _prologue(plan, tab, k, v, g, beta, h0, False, _operand_dtype(v.dtype))
     (o,) = launch.launch(
         kern.delta_output,
         q,
@@ -250,11 +272,11 @@ def _forward_rows(s: Static, tab: Any, q, k, v, g, beta, h0):  # noqa: ANN001, A
         tab.seq,
         tab.off,
         float(s.scale),
-        out_shape=(jax.ShapeDtypeStruct((r, hv, dv), jnp.float32),),
+        out_shape=(jax.ShapeDtypeStruct((r, hv, dv), out_dtype),),
         grid=(tab.nt * cdiv(dv, plan.block_v), hv),
         zeroed_outputs=(0,),  # tokens outside every sequence give zeros
         name="ejkernel_gdr_chunk_output",
-        **_launch_common(plan, h, hv, dk, dv),
+        **{n: x for n, x in {**_launch_common(plan, h, hv, dk, dv), **_dots(v.dtype)}.items() if n != "TPREC"},
     )
     return o, ht
 
@@ -269,9 +291,8 @@ def _backward_rows(s: Static, tab: Any, q, k, v, g, beta, h0, do, dht):  # noqa:
     r, h, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
     f32 = jnp.float32
-    common = _launch_common(plan, h, hv, dk, dv)
-    w, _, b, t, uc, hs, _ = _prologue(plan, tab, k, v, g, beta, h0, True)
-    common = {**common, **_bwd_dots(v.dtype)}
+    w, _, b, t, uc, hs, _ = _prologue(plan, tab, k, v, g, beta, h0, True, f32)
+    common = {n: x for n, x in {**_launch_common(plan, h, hv, dk, dv), **_dots(v.dtype)}.items() if n != "TPREC"}
     blocked = {**{n: x for n, x in common.items() if n != "BK"}, "BKC": min(_BLOCK_KC, _pow2(dk))}
     rows_v = jax.ShapeDtypeStruct((r, hv, dv), f32)
     (dvl,) = launch.launch(
@@ -362,10 +383,12 @@ def _backward_rows(s: Static, tab: Any, q, k, v, g, beta, h0, do, dht):  # noqa:
     return dq, dk_, dv_, dg, dbeta, dh0
 
 
-def _forward_dense(s: Static, has_h0: bool, q, k, v, g, beta, h0):  # noqa: ANN001, ANN202
+def _forward_dense(s: Static, has_h0: bool, out_dtype: Any, q, k, v, g, beta, h0):  # noqa: ANN001, ANN202
     b, t = q.shape[:2]
     tab = _chunk_table(b, t, s.fwd.chunk, None)
-    o, ht = _forward_rows(s, tab, _rows(q), _rows(k), _rows(v), _rows(g), _rows(beta), h0 if has_h0 else None)
+    o, ht = _forward_rows(
+        s, tab, _rows(q), _rows(k), _rows(v), _rows(g), _rows(beta), h0 if has_h0 else None, out_dtype
+    )
     return o.reshape(v.shape), ht
 
 
@@ -395,7 +418,7 @@ def _backward_dense(s: Static, has_h0: bool, has_dht: bool, q, k, v, g, beta, h0
 
 
 def _kernel_qk(use_qk_l2norm: bool, q, k):  # noqa: ANN001, ANN202
-    """``q``, ``k`` as the kernels take them: float32, normalized with ``use_qk_l2norm``."""
+    """``q``, ``k`` in float32, normalized (in float32) with ``use_qk_l2norm``."""
     from ejkernel.testing.reference.gated_delta_rule import l2_normalize
 
     q, k = q.astype(jnp.float32), k.astype(jnp.float32)
@@ -403,20 +426,26 @@ def _kernel_qk(use_qk_l2norm: bool, q, k):  # noqa: ANN001, ANN202
 
 
 def _forward(s: Static, q, k, v, g, beta, h0, cu):  # noqa: ANN001, ANN202
-    """``(o in q's dtype, final state)``; dense calls fold ``vmap`` into the batch, packed ones run per element."""
+    """``(o in q's dtype, final state)``; dense calls fold ``vmap`` into the batch, packed ones run per element.
+    ``q``, ``k`` go to the kernels in the dots' operand dtype (bfloat16 inputs: as they are, or normalized in
+    float32 and then rounded, as flash-linear-attention does)."""
     out_dtype = q.dtype
-    q, k = _kernel_qk(s.use_qk_l2norm, q, k)
+    op = _operand_dtype(v.dtype)
+    if s.use_qk_l2norm or q.dtype != op or k.dtype != op:
+        q, k = (x.astype(op) for x in _kernel_qk(s.use_qk_l2norm, q, k))
     h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0.astype(jnp.float32)
     if cu is None:
         run = fold_vmap(
-            functools.partial(_forward_dense, s, h0 is not None), (0, 0, 0, 0, 0, 0 if h0 is not None else None), 0
+            functools.partial(_forward_dense, s, h0 is not None, out_dtype),
+            (0, 0, 0, 0, 0, 0 if h0 is not None else None),
+            0,
         )
         o, ht = run(q, k, v, g, beta, h0_)
     else:
         tab = _chunk_table(1, q.shape[1], s.fwd.chunk, cu)
-        o, ht = _forward_rows(s, tab, q[0], k[0], v[0], g[0], beta[0], h0_ if h0 is not None else None)
+        o, ht = _forward_rows(s, tab, q[0], k[0], v[0], g[0], beta[0], h0_ if h0 is not None else None, out_dtype)
         o = o[None]
-    return o.astype(out_dtype), ht
+    return o, ht
 
 
 def _backward(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:

@@ -3,10 +3,12 @@
 Tokens are cut into chunks of ``chunk_size`` (every packed sequence starts a new chunk). The forward runs four
 launches: the chunk-local cumulative gates, the state at every chunk's start (one sequential pass over the
 chunks per sequence, value head and state tile), the intra-chunk scores and the output. The backward
-(``jax.custom_vjp``, residuals: the inputs only) recomputes those and runs the reverse state-gradient pass,
+(``jax.custom_vjp``, residuals: the inputs and, when both passes cut the same chunks, the forward's intra-chunk
+scores ``A``) recomputes the gates and the states (and ``A`` otherwise) and runs the reverse state-gradient pass,
 ``dA``, ``dv``, the intra-chunk shares of ``dq``/``dk``, then ``dq``/``dk`` and the gates' gradient (chunk by
 chunk, from the states and their gradients: no reverse cumulative sum over the sequence). Its memory: the per-chunk
-states and their gradients, ``2 (T / C) * HV * K * V`` float32 per batch row, and ``O(T (K + V + C))``.
+states and their gradients, ``2 (T / C) * HV * K * V`` float32 per batch row, and ``O(T (K + V + C))``; the
+residual ``A``: about ``T * HV * C`` per batch row (bfloat16 for bfloat16 inputs, else float32).
 
 Packed sequences (``cu_seqlens``): the chunk table (which sequence, which rows) is computed from ``cu_seqlens`` by
 a few XLA ops on the device (:func:`_chunk_table`), so the call works under ``jit``; the kernels read it. Grouped
@@ -17,7 +19,8 @@ accumulation; those that the final state, the initial state's and the gates' gra
 float32 operand in two bfloat16 parts, so these reach float32 accuracy for bfloat16 inputs too (the conformance
 suite compares them at float32 tolerance). float32 and float16 inputs' dots take float32 operands at three tf32
 passes (float16 operands made of states or gradients could overflow). Gate cumulative sums and states are
-float32 throughout. Launch parameters: :class:`ChunkFwdParams` and
+float32 throughout (the forward's chunk states and ``A``, which only feed dots, are stored in the dots' operand
+dtype). Launch parameters: :class:`ChunkFwdParams` and
 :class:`ChunkBwdParams` (None fields: :func:`heuristic_cfg`'s). Declined (``supports``): head dims above 256,
 dtypes other than float32, bfloat16 and float16.
 
@@ -84,9 +87,10 @@ class _ChunkParams(MappedParams):
 class ChunkFwdParams(_ChunkParams):
     """Launch parameters of the chunked Triton ``gla`` forward.
 
-    ``chunk_size``: tokens per chunk, 16, 32 or 64; ``block_k``/``block_v``: key/value channels per program (state
-    tiles ``[block_k, block_v]``), powers of two from 16 to 256, used up to the head dims rounded up to powers of
-    two; ``num_warps`` (a power of two up to 16), ``num_stages`` (1 to 8). None: the heuristic's. Generic
+    ``chunk_size``: tokens per chunk, 16, 32 or 64; ``block_k``/``block_v``: key/value channels per program of the
+    chunk-parallel kernels (the sequential state passes take the heuristic's tiles, sized by the number of sequences
+    and value heads), powers of two from 16 to 256, used up to the head dims rounded up to powers of two;
+    ``num_warps`` (a power of two up to 16), ``num_stages`` (1 to 8). None: the heuristic's. Generic
     ``q_blocksize``/``num_warps``/``num_stages`` map to ``chunk_size``/``num_warps``/``num_stages``.
 
     >>> ChunkFwdParams(chunk_size=48)
@@ -103,7 +107,8 @@ class ChunkBwdParams(_ChunkParams):
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """One pass's launch: chunk length, state tile, diagonal sub-blocks' key channels, warps, stages."""
+    """One pass's launch: chunk length, key/value tile, diagonal sub-blocks' key channels, warps, stages, and the
+    state passes' tile ``[state_k, state_v]``."""
 
     chunk: int
     block_k: int
@@ -111,11 +116,16 @@ class Plan:
     block_kd: int
     num_warps: int
     num_stages: int
+    state_k: int
+    state_v: int
 
 
 class Dims(NamedTuple):
+    """Head dims, and the states that the state passes walk: sequences times value heads (0: unknown)."""
+
     dk: int
     dv: int
+    states: int = 0
 
 
 def _pow2(n: int) -> int:
@@ -131,32 +141,73 @@ def _arguments(invocation: Any) -> Mapping[str, Any]:
 
 def _dims_of(invocation: Any) -> Dims:
     args = _arguments(invocation)
-    return Dims(int(args["q"].shape[-1]), int(args["v"].shape[-1]))
+    return Dims(
+        int(args["q"].shape[-1]), int(args["v"].shape[-1]), _n_states(args["q"], args["v"], args.get("cu_seqlens"))
+    )
+
+
+def _n_states(q: Any, v: Any, cu_seqlens: Any) -> int:
+    """Sequences times value heads of a call (the programs of a state pass per state tile)."""
+    n = int(q.shape[0]) if cu_seqlens is None else int(cu_seqlens.shape[0]) - 1
+    return max(n, 1) * int(v.shape[2])
+
+
+# Programs that the state passes (sequential over the chunks) should fill at least: about one wave of an H200's 132
+# SMs at one program per SM (they take 130 to 255 registers a thread at 8 warps). Not yet run on a GPU.
+_STATE_PROGRAMS = 128
+
+
+def _state_tile(d: Dims) -> tuple[int, int]:
+    """The state passes' tile: the largest of ``[128, 64]``, ``[64, 64]``, ``[64, 32]`` (cut to the padded head
+    dims) that still gives ``_STATE_PROGRAMS`` programs (each walks all chunks of its sequence, so fewer, larger
+    tiles take fewer waves of the same length), else the smallest; the largest when the states are unknown."""
+    k_big, k, v = (
+        min(2 * _DEFAULT_BLOCK, _pow2(d.dk)),
+        min(_DEFAULT_BLOCK, _pow2(d.dk)),
+        min(_DEFAULT_BLOCK, _pow2(d.dv)),
+    )
+    tiles = ((k_big, v), (k, v), (k, min(_DEFAULT_BLOCK // 2, _pow2(d.dv))))
+    for bk, bv in tiles:
+        if d.states == 0 or d.states * cdiv(d.dk, bk) * cdiv(d.dv, bv) >= _STATE_PROGRAMS:
+            return bk, bv
+    return tiles[-1]
 
 
 def default_plan(d: Dims, stage: str = "fwd") -> Plan:
-    """The heuristic: chunks of 64, state tiles of up to 64 x 64 channels (64 x 32 for the backward), 8 warps,
+    """The heuristic: chunks of 64, key/value tiles of up to 64 x 64 channels (64 x 32 for the backward), state
+    passes' tiles by :func:`_state_tile` (128 x 64 at K = V = 128 with 64 or more sequences x value heads), 8 warps,
     2 stages: on sm_90 no kernel of either pass spills registers at K = V = 128, for bfloat16 or float32 inputs
     (``chunk_dqk_inter``, whose operands are split, takes the most: about 255 registers a thread). The diagonal
-    sub-blocks are element-wise ``[16, 16, 16]`` on a GPU; in Triton's interpreter they take the whole key tile
-    (fewer, larger steps run faster there)."""
+    sub-blocks of ``A`` are element-wise ``[16, 16, 16]`` on a GPU; in Triton's interpreter they take the whole key
+    tile (fewer, larger steps run faster there)."""
     bk = min(_DEFAULT_BLOCK, _pow2(d.dk))
     bv = min(_DEFAULT_BLOCK if stage == "fwd" else _DEFAULT_BLOCK // 2, _pow2(d.dv))
-    return Plan(_DEFAULT_CHUNK, bk, bv, bk if interpreting() else _DIAG_BLOCK_K, 8, 2)
+    sk, sv = _state_tile(d)
+    return Plan(_DEFAULT_CHUNK, bk, bv, bk if interpreting() else _DIAG_BLOCK_K, 8, 2, sk, sv)
 
 
 def make_plan(d: Dims, p: _ChunkParams, stage: str = "fwd") -> Plan:
-    """The plan of a pass: ``p``'s fields, the others the heuristic's (tiles used up to the padded head dims)."""
+    """The plan of a pass: ``p``'s fields, the others (and the state passes' tile) the heuristic's (tiles used up to
+    the padded head dims)."""
     base = default_plan(d, stage)
     bk = min(p.block_k or base.block_k, _pow2(d.dk))
+    bv = min(p.block_v or base.block_v, _pow2(d.dv))
     return Plan(
         chunk=p.chunk_size or base.chunk,
         block_k=bk,
-        block_v=min(p.block_v or base.block_v, _pow2(d.dv)),
+        block_v=bv,
         block_kd=bk if interpreting() else base.block_kd,
         num_warps=p.num_warps or base.num_warps,
         num_stages=p.num_stages or base.num_stages,
+        state_k=base.state_k,
+        state_v=base.state_v,
     )
+
+
+def _sub_warps(plan: Plan) -> int:
+    """Warps of the kernels on ``[16, *]`` sub-block tiles (``chunk_intra_attn``, ``chunk_dqk_intra``): half the
+    plan's, at least 1 (their tiles are a quarter of the others' at chunks of 64; not yet run on a GPU)."""
+    return max(1, plan.num_warps // 2)
 
 
 def _params(cls: type[_ChunkParams], plan: Plan) -> Any:
@@ -275,8 +326,16 @@ def _dots(dtype: Any) -> dict[str, Any]:
 _DUMMY_F32 = np.zeros((1,), np.float32)
 
 
-def _states(plan: Plan, tab: _Table, k: jax.Array, v: jax.Array, gc: jax.Array, h0: jax.Array | None) -> Any:
-    """``(h [NT, HV, K, V], final state [N, HV, K, V])``, float32."""
+def _states(
+    plan: Plan,
+    tab: _Table,
+    k: jax.Array,
+    v: jax.Array,
+    gc: jax.Array,
+    h0: jax.Array | None,
+    hs_dtype: Any = jnp.float32,
+) -> Any:
+    """``(h [NT, HV, K, V] in hs_dtype, final state [N, HV, K, V] float32)``."""
     from ejkernel_triton import _chunk_kernels as kern
     from ejkernel_triton import launch
 
@@ -291,10 +350,10 @@ def _states(plan: Plan, tab: _Table, k: jax.Array, v: jax.Array, gc: jax.Array, 
         tab.cu,
         tab.off,
         out_shape=(
-            jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), jnp.float32),
+            jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), hs_dtype),
             jax.ShapeDtypeStruct((tab.n, hv, dk, dv), jnp.float32),
         ),
-        grid=(tab.n * cdiv(dk, plan.block_k) * cdiv(dv, plan.block_v), hv),
+        grid=(tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), hv),
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
         name="ejkernel_gla_chunk_state_fwd",
@@ -304,18 +363,35 @@ def _states(plan: Plan, tab: _Table, k: jax.Array, v: jax.Array, gc: jax.Array, 
         DV=dv,
         GK=dk,
         BT=plan.chunk,
-        BK=plan.block_k,
-        BV=plan.block_v,
+        BK=plan.state_k,
+        BV=plan.state_v,
         HAS_H0=h0 is not None,
         **_dots(k.dtype),
     )
 
 
+def _operand_dtype(dtype: Any) -> Any:
+    """The dtype that the dots round ``A`` and the forward's chunk states to for inputs of ``dtype``: storing them
+    in it changes no result (bfloat16 for bfloat16 inputs, else float32)."""
+    return jnp.bfloat16 if _DOT[np.dtype(dtype).name] == "bf16" else jnp.float32
+
+
 def _prologue(
-    s: Static, plan: Plan, tab: _Table, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, h0: jax.Array | None
+    s: Static,
+    plan: Plan,
+    tab: _Table,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    h0: jax.Array | None,
+    *,
+    hs_dtype: Any = jnp.float32,
+    a: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """What the forward and the backward both need: the cumulative gates, the chunk states, the final state and the
-    intra-chunk scores ``A [NT, HV, C, C]``."""
+    """What the forward and the backward both need: the cumulative gates, the chunk states (in ``hs_dtype``), the
+    final state and the intra-chunk scores ``A [NT, HV, C, C]`` (in :func:`_operand_dtype`; ``a`` when given: the
+    forward's, saved for the backward)."""
     from ejkernel_triton import _chunk_kernels as kern
     from ejkernel_triton import launch
 
@@ -337,7 +413,9 @@ def _prologue(
         BT=plan.chunk,
         BK=plan.block_k,
     )
-    hs, ht = _states(plan, tab, k, v, gc, h0)
+    hs, ht = _states(plan, tab, k, v, gc, h0, hs_dtype)
+    if a is not None:
+        return gc, hs, ht, a
     (a,) = launch.launch(
         kern.chunk_intra_attn,
         q,
@@ -347,9 +425,9 @@ def _prologue(
         tab.seq,
         tab.off,
         float(s.scale),
-        out_shape=(jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), jnp.float32),),
+        out_shape=(jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), _operand_dtype(q.dtype)),),
         grid=(tab.nt * (plan.chunk // _SUB_BLOCK), hv),
-        num_warps=plan.num_warps,
+        num_warps=_sub_warps(plan),
         num_stages=plan.num_stages,
         name="ejkernel_gla_chunk_intra_attn",
         H=h,
@@ -372,15 +450,16 @@ def _rows(x: jax.Array) -> jax.Array:
 
 def _forward_rows(
     s: Static, tab: _Table, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, h0: jax.Array | None
-) -> tuple[jax.Array, jax.Array]:
-    """``(o [R, HV, V], final state)`` of token rows laid out by ``tab``."""
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(o [R, HV, V], final state, A [NT, HV, C, C])`` of token rows laid out by ``tab``."""
     from ejkernel_triton import _chunk_kernels as kern
     from ejkernel_triton import launch
 
     plan = s.fwd
     _, h, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
-    gc, hs, ht, a = _prologue(s, plan, tab, q, k, v, g, h0)
+    # The chunk states only feed the output's dots here: stored as those round them.
+    gc, hs, ht, a = _prologue(s, plan, tab, q, k, v, g, h0, hs_dtype=_operand_dtype(q.dtype))
     (o,) = launch.launch(
         kern.chunk_output,
         q,
@@ -408,7 +487,7 @@ def _forward_rows(
         BV=plan.block_v,
         **_dots(q.dtype),
     )
-    return o, ht
+    return o, ht, a
 
 
 def _backward_rows(
@@ -421,16 +500,17 @@ def _backward_rows(
     h0: jax.Array | None,
     do: jax.Array,
     dht: jax.Array | None,
+    a: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """``(dq, dk [R, HV, K] per value head (float32 when grouped, else q's dtype), dv [R, HV, V], dg [R, HV, K] float32,
-    dh0 [N, HV, K, V])``."""
+    dh0 [N, HV, K, V])``; ``a``: the forward's intra-chunk scores (same chunks), else recomputed."""
     from ejkernel_triton import _chunk_kernels as kern
     from ejkernel_triton import launch
 
     plan = s.bwd
     _, h, dk = q.shape
     r, hv, dv = v.shape
-    gc, hs, _, a = _prologue(s, plan, tab, q, k, v, g, h0)
+    gc, hs, _, a = _prologue(s, plan, tab, q, k, v, g, h0, a=a)
     common: dict[str, Any] = {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
     sizes: dict[str, Any] = {"HV": hv, "BT": plan.chunk, **_dots(q.dtype)}
     f32 = jnp.float32
@@ -447,14 +527,14 @@ def _backward_rows(
             jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), f32),
             jax.ShapeDtypeStruct((tab.n, hv, dk, dv), f32),
         ),
-        grid=(tab.n * cdiv(dk, plan.block_k) * cdiv(dv, plan.block_v), hv),
+        grid=(tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), hv),
         name="ejkernel_gla_chunk_state_bwd",
         H=h,
         DK=dk,
         DV=dv,
         GK=dk,
-        BK=plan.block_k,
-        BV=plan.block_v,
+        BK=plan.state_k,
+        BV=plan.state_v,
         HAS_DHT=dht is not None,
         **sizes,
         **common,
@@ -509,15 +589,17 @@ def _backward_rows(
         tab.seq,
         tab.off,
         out_shape=(per_head, per_head),
-        grid=(tab.nt * (plan.chunk // _SUB_BLOCK) * cdiv(dk, plan.block_kd), hv),
+        grid=(tab.nt * (plan.chunk // _SUB_BLOCK) * cdiv(dk, plan.block_k), hv),
         name="ejkernel_gla_chunk_dqk_intra",
         H=h,
         DK=dk,
         GK=dk,
         BC=_SUB_BLOCK,
-        BK=plan.block_kd,
+        BK=plan.block_k,
+        BKD=plan.block_kd,  # below BK (a GPU's): the diagonal sub-blocks column by column
+        num_warps=_sub_warps(plan),
+        num_stages=plan.num_stages,
         **sizes,
-        **common,
     )
     dq, dk_, dg = launch.launch(
         kern.chunk_dqk_inter,
@@ -566,11 +648,11 @@ def _group_sum(x: jax.Array, h: int) -> jax.Array:
 def _forward_dense(s: Static, has_h0: bool, q, k, v, g, h0):  # noqa: ANN001, ANN202
     b, t = q.shape[:2]
     tab = _chunk_table(b, t, s.fwd.chunk, None)
-    o, ht = _forward_rows(s, tab, _rows(q), _rows(k), _rows(v), _rows(g), h0 if has_h0 else None)
-    return o.reshape(v.shape[:3] + (o.shape[-1],)), ht
+    o, ht, a = _forward_rows(s, tab, _rows(q), _rows(k), _rows(v), _rows(g), h0 if has_h0 else None)
+    return o.reshape(v.shape[:3] + (o.shape[-1],)), ht, a.reshape(b, tab.nt // b, *a.shape[1:])
 
 
-def _backward_dense(s: Static, has_h0: bool, has_dht: bool, q, k, v, g, h0, do, dht):  # noqa: ANN001, ANN202
+def _backward_dense(s: Static, has_h0: bool, has_dht: bool, has_a: bool, q, k, v, g, h0, do, dht, a):  # noqa: ANN001, ANN202
     b, t, h, dk = q.shape
     tab = _chunk_table(b, t, s.bwd.chunk, None)
     dq, dk_, dv, dg, dh0 = _backward_rows(
@@ -583,6 +665,7 @@ def _backward_dense(s: Static, has_h0: bool, has_dht: bool, q, k, v, g, h0, do, 
         h0 if has_h0 else None,
         _rows(do),
         dht if has_dht else None,
+        _rows(a) if has_a else None,
     )
     return (
         _group_sum(dq, h).reshape(q.shape),
@@ -594,7 +677,8 @@ def _backward_dense(s: Static, has_h0: bool, has_dht: bool, q, k, v, g, h0, do, 
 
 
 def _forward(s: Static, q, k, v, g, h0, cu):  # noqa: ANN001, ANN202
-    """``(o, final state)``; dense calls fold ``vmap`` into the batch, packed ones run once per element."""
+    """``(o, final state, A)`` (``A [B, NT / B, HV, C, C]`` dense, ``[NT, HV, C, C]`` packed: the backward's
+    residual); dense calls fold ``vmap`` into the batch, packed ones run once per element."""
     h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0.astype(jnp.float32)
     if cu is None:
         run = fold_vmap(
@@ -603,29 +687,29 @@ def _forward(s: Static, q, k, v, g, h0, cu):  # noqa: ANN001, ANN202
         return run(q, k, v, g, h0_)
     t = q.shape[1]
     tab = _chunk_table(1, t, s.fwd.chunk, cu)
-    o, ht = _forward_rows(s, tab, q[0], k[0], v[0], g[0], h0_ if h0 is not None else None)
-    return o[None], ht
+    o, ht, a = _forward_rows(s, tab, q[0], k[0], v[0], g[0], h0_ if h0 is not None else None)
+    return o[None], ht, a
 
 
 def _backward(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:
-    q, k, v, g, h0, cu = res
+    q, k, v, g, h0, cu, a = res
     do = cotangents[0]
     dht = cotangents[1].astype(jnp.float32) if s.output_final_state else None
-    has_h0, has_dht = h0 is not None, dht is not None
+    has_h0, has_dht, has_a = h0 is not None, dht is not None, a is not None
     h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0.astype(jnp.float32)
     dht_ = jnp.asarray(_DUMMY_F32) if dht is None else dht
     if cu is None:
         run = fold_vmap(
-            functools.partial(_backward_dense, s, has_h0, has_dht),
-            (0, 0, 0, 0, 0 if has_h0 else None, 0, 0 if has_dht else None),
+            functools.partial(_backward_dense, s, has_h0, has_dht, has_a),
+            (0, 0, 0, 0, 0 if has_h0 else None, 0, 0 if has_dht else None, 0 if has_a else None),
             0,
         )
-        dq, dk, dv, dg, dh0 = run(q, k, v, g, h0_, do, dht_)
+        dq, dk, dv, dg, dh0 = run(q, k, v, g, h0_, do, dht_, a if has_a else jnp.asarray(_DUMMY_F32))
     else:
         b, t, h, _ = q.shape
         tab = _chunk_table(1, t, s.bwd.chunk, cu)
         dq, dk, dv, dg, dh0 = _backward_rows(
-            s, tab, q[0], k[0], v[0], g[0], h0_ if has_h0 else None, do[0], dht_ if has_dht else None
+            s, tab, q[0], k[0], v[0], g[0], h0_ if has_h0 else None, do[0], dht_ if has_dht else None, a
         )
         dq, dk = _group_sum(dq, h)[None], _group_sum(dk, h)[None]
         dv, dg = dv[None], dg[None]
@@ -651,11 +735,15 @@ def chunk_gla(
 ) -> tuple[jax.Array, jax.Array]:
     """``(o, final state)`` by the chunked kernels (forward and backward, module docstring); ``cu`` gets no
     gradient, ``h0`` any float dtype (its gradient has it)."""
-    return _forward(s, q, k, v, g, h0, cu)
+    o, final, _ = _forward(s, q, k, v, g, h0, cu)
+    return o, final
 
 
 def _chunk_gla_fwd(s: Static, q, k, v, g, h0, cu):  # noqa: ANN001, ANN202
-    return _forward(s, q, k, v, g, h0, cu), (q, k, v, g, h0, cu)
+    """Residuals: the inputs and, when both passes cut the same chunks, the forward's intra-chunk scores ``A``
+    (the backward needs them too; ``(T / C) * HV * C * C`` per batch row, bfloat16 for bfloat16 inputs)."""
+    o, final, a = _forward(s, q, k, v, g, h0, cu)
+    return (o, final), (q, k, v, g, h0, cu, a if s.bwd.chunk == s.fwd.chunk else None)
 
 
 chunk_gla.defvjp(_chunk_gla_fwd, _backward)
@@ -682,14 +770,14 @@ def gla(
     fp = coerce(ChunkFwdParams, fwd_params) or ChunkFwdParams()
     bp = coerce(ChunkBwdParams, bwd_params) or ChunkBwdParams()
     q, k, v, g = (jnp.asarray(x) for x in (q, k, v, g))
-    d = Dims(int(q.shape[-1]), int(v.shape[-1]))
+    h0 = None if initial_state is None else jnp.asarray(initial_state)
+    cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens)
+    d = Dims(int(q.shape[-1]), int(v.shape[-1]), _n_states(q, v, cu))
     s = Static(
         make_plan(d, fp, "fwd"),
         make_plan(d, bp, "bwd"),
         float(d.dk**-0.5 if scale is None else scale),
         bool(output_final_state),
     )
-    h0 = None if initial_state is None else jnp.asarray(initial_state)
-    cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens)
     o, final = chunk_gla(s, q, k, v, g, h0, cu)
     return o, (final if output_final_state else None)
