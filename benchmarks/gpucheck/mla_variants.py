@@ -1,11 +1,13 @@
 """MLA decode on a GPU: the split-K kernel under several launch plans, and the transposed variant
 (``MlaDecodeParams(transposed=True)``: scores computed as ``K Q^T``, the output accumulated transposed, one value block), each
 checked against the float32 reference and timed (median of 20, ``jax.block_until_ready``). Also the XLA
-``page_attention`` fallback at two key-block sizes against the naive gather + dense attention.
+``page_attention`` fallback at several key-block sizes and chunks, and without its value mask, against the naive
+gather + dense attention.
 
 Shapes: DeepSeek-V3 decode, B64 x 4096, H128 (and H16), Dl 512, Dr 64, page 64, bf16. TB/s count the latent
 cache once plus Q and O (the bench's model). Run on the GPU machine after ``bash .ci/gpu setup``:
-``PYTHONPATH=/tmp/ejk-site:benchmarks/gpucheck python3 benchmarks/gpucheck/mla_variants.py``.
+``PYTHONPATH=/tmp/ejk-site python3 benchmarks/gpucheck/mla_variants.py [xla] [mla] [split=R/N/DV/W/S/SP,...]
+[t=R/N/W/S/SP,...]`` (the plans to time; the defaults are ``SPLIT_K`` and ``TRANSPOSED`` below).
 """
 
 from __future__ import annotations
