@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -53,8 +54,11 @@ def run_child(
             )
             np.save(Path(d) / "ct.npy", np.asarray(jax.random.normal(jax.random.key(1), out_shape.shape, jnp.float32)))
         Path(d, "task.json").write_text(json.dumps({"op": op, "pass": pass_, "dtype": inputs.args[0].dtype.name}))
-        env = {**os.environ, "TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR", f"{d}/triton")}
-        env.setdefault("HOME", d)
+        # Triton's (and fla's autotune) caches need a writable directory: an empty TRITON_CACHE_DIR or HOME counts
+        # as none (Triton then raises "Could not create or locate cache dir", seen on the GPU machine).
+        env = {**os.environ, "TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR") or f"{d}/triton"}
+        env["HOME"] = os.environ.get("HOME") or d
+        env.setdefault("FLA_CACHE_RESULTS", "0")  # fla's autotune results stay in the process
         proc = subprocess.run(
             [sys.executable, "-m", "ejkernel.bench.torch_child", d],
             env=env,
@@ -137,7 +141,9 @@ def _child(d: Path) -> dict[str, Any]:  # pragma: no cover - runs on a GPU machi
             torch.cuda.synchronize()
             samples.append(start.elapsed_time(end) / 1e3 / calls)
     except Exception as e:  # noqa: BLE001 - fla refuses some cases (its gated backward on Hopper, Triton < 3.7.1)
-        return {"fail": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}"}
+        where = traceback.extract_tb(e.__traceback__)[-1]  # the raising line: fla's refusal or a setup problem
+        where_s = f" (at {Path(where.filename).name}:{where.lineno})"
+        return {"fail": f"{type(e).__name__}: {' '.join(str(e).split())[:400]}{where_s}"}
     for i, o in enumerate(outs):
         np.save(d / f"out{i}.npy", o.float().cpu().numpy())
     s = sorted(samples)
