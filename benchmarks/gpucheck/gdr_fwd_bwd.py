@@ -66,15 +66,17 @@ def main():
     base = grad_of(xla_gdr)
     want = base(*args)
     print(f"xla chunked fwd+bwd {ms(base, *args):8.3f} ms", flush=True)
-    cands = [None] + [ChunkBwdParams(chunk_size=c, block_v=bv, num_warps=w) for c, bv, w in
-                      ((32, 32, 4), (16, 32, 4), (32, 32, 8), (32, 64, 4), (32, 64, 8))]  # fmt: skip
+    # (chunk, block_v, warps, stages); stages 1: the reverse state pass without prefetching (its form before 2026-12-04)
+    cands = [None] + [ChunkBwdParams(chunk_size=c, block_v=bv, num_warps=w, num_stages=st) for c, bv, w, st in
+                      ((32, 32, 4, 1), (32, 32, 4, 3), (32, 16, 4, 2), (16, 32, 4, 2), (32, 32, 8, 2),
+                       (32, 64, 4, 2), (32, 64, 8, 2), (64, 32, 8, 2), (64, 64, 8, 2))]  # fmt: skip
     for p in cands:
         f = grad_of(lambda *a, p=p, **kw: chunk.gated_delta_rule(*a, bwd_params=p, **kw))
         try:
             got = f(*args)
             errs = [float(jnp.max(jnp.abs(x.astype(jnp.float32) - y.astype(jnp.float32))) /
                           max(float(jnp.max(jnp.abs(y.astype(jnp.float32)))), 1e-30)) for x, y in zip(got, want)]  # fmt: skip
-            label = "default" if p is None else f"c{p.chunk_size} bv{p.block_v} w{p.num_warps}"
+            label = "default" if p is None else f"c{p.chunk_size} bv{p.block_v} w{p.num_warps} s{p.num_stages}"
             errs_s = " ".join(f"{n}={e:.1e}" for n, e in zip("q k v g beta".split(), errs))
             print(f"triton_chunk {label:16s} {ms(f, *args):8.3f} ms  rel err vs xla: {errs_s}", flush=True)
         except Exception as e:  # noqa: BLE001

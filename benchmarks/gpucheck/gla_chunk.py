@@ -8,10 +8,12 @@
     suite's tolerances (the final state and the float32 inputs' gradients at float32 tolerance);
 (b) timings (median of 20 after warmup, ``jax.block_until_ready``) at B4 T4096 H16 K=V=128 bf16 (g float32, no
     initial state), forward and forward + backward (the loss ``sum(o * r)`` with its gradients in q, k, v, g), for
-    ``triton_chunk`` and ``xla``; with ``--kernels`` also each Triton launch of one forward + backward alone.
+    ``triton_chunk`` and ``xla``; with ``--plans`` also ``triton_chunk`` at a few launch plans (forward value
+    tiles of 128, backward key tiles of 32 and value tiles of 32, forward chunks of 32); with ``--kernels`` each Triton launch of one
+    forward + backward alone.
 
-Run (on the GPU machine, repo root; .whl and .venv/gpucheck carried):
-    bash .ci/gpu setup >/dev/null && PYTHONPATH=/tmp/ejk-site python3 .venv/gpucheck/gla_chunk.py [--kernels]
+Run (on the GPU machine, repo root; .whl carried):
+    bash .ci/gpu setup >/dev/null && PYTHONPATH=/tmp/ejk-site python3 benchmarks/gpucheck/gla_chunk.py [--plans] [--kernels]
 """
 
 from __future__ import annotations
@@ -118,6 +120,32 @@ def timed_calls(platform):
     return jax.jit(fwd), jax.jit(fb)
 
 
+def plan_times(q, k, v, g, r):
+    """Forward and forward + backward of ``ejkernel_triton.gla.chunk.gla`` at a few launch plans (``--plans``)."""
+    from ejkernel_triton.gla import chunk
+
+    fwd_bwd = {
+        "default": ({}, {}),
+        "fwd block_v=128": ({"block_v": 128}, {}),
+        "bwd block_v=32": ({}, {"block_v": 32}),
+        "bwd block_k=32": ({}, {"block_k": 32}),
+        "fwd bv=128 bwd bk=32": ({"block_v": 128}, {"block_k": 32}),
+        "fwd chunk=32": ({"chunk_size": 32}, {}),
+    }
+    for name, (fp, bp) in fwd_bwd.items():
+        kw = {"fwd_params": chunk.ChunkFwdParams(**fp), "bwd_params": chunk.ChunkBwdParams(**bp)}
+
+        def fwd(q, k, v, g, kw=kw):
+            return chunk.gla(q, k, v, g, **kw)[0]
+
+        def loss(q, k, v, g, r, fwd=fwd):
+            return jnp.sum(fwd(q, k, v, g).astype(jnp.float32) * r)
+
+        t_f = bench(jax.jit(fwd), q, k, v, g)
+        t_fb = bench(jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))), q, k, v, g, r)
+        print(f"  {name:22s} fwd {t_f:8.3f}   fwd+bwd {t_fb:8.3f}")
+
+
 def kernel_times(args):
     """Each Triton launch of one forward + backward, alone (recorded eagerly, replayed under jit)."""
     from ejkernel_triton import launch
@@ -141,10 +169,13 @@ def kernel_times(args):
             False,
         )
         rows = [chunk._rows(x) for x in (q, k, v, g)]
-        jax.block_until_ready(chunk._forward_rows(s, chunk._chunk_table(b, t, s.fwd.chunk, None), *rows, None))
+        _, _, a, gc = jax.block_until_ready(
+            chunk._forward_rows(s, chunk._chunk_table(b, t, s.fwd.chunk, None), *rows, None)
+        )
         do = jnp.ones(rows[2].shape, v.dtype)
         tab = chunk._chunk_table(b, t, s.bwd.chunk, None)
-        jax.block_until_ready(chunk._backward_rows(s, tab, *rows, None, do, None))
+        # the backward as the custom VJP runs it: the forward's A and cumulative gates as residuals
+        jax.block_until_ready(chunk._backward_rows(s, tab, *rows, None, do, None, a, gc))
     finally:
         launch.launch = real
     total = 0.0
@@ -190,8 +221,11 @@ def main():
         except Exception as e:  # noqa: BLE001
             print(f"  {platform:13s} failed: {type(e).__name__}: {str(e)[:300]}")
     print("  (flash-linear-attention chunk_gla on an H200: fwd ~0.9-1.0, fwd+bwd ~4.15)")
+    if "--plans" in sys.argv:
+        print("plans (triton_chunk, ChunkFwdParams / ChunkBwdParams fields):")
+        plan_times(q, k, v, g, r)
     if "--kernels" in sys.argv:
-        print("per launch (triton_chunk, forward prologue recomputed by the backward):")
+        print("per launch (triton_chunk; the backward recomputes the chunk states):")
         kernel_times((q, k, v, g))
 
 

@@ -10,7 +10,6 @@ compiles for sm_90.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -68,25 +67,22 @@ def _rel(got, want):
 
 
 @pytest.mark.parametrize(
-    ("dk", "dv", "params", "block_kd", "bwd_chunk"),
+    ("dk", "dv", "params", "bwd_chunk"),
     [
         # odd head dims padded (20 -> 32, 40 -> 64), split into 16-channel tiles (state tiles too), two sub-blocks
         # per chunk
-        (20, 40, {"chunk_size": 32, "block_k": 16, "block_v": 16}, None, None),
+        (20, 40, {"chunk_size": 32, "block_k": 16, "block_v": 16}, None),
         # the largest head dims: 4 x 4 key/value tiles and 2 x 4 state tiles (the heuristic's), one partial chunk
-        (256, 256, {}, None, None),
-        # the diagonal sub-blocks in 16 key channels of a 64-channel key tile, as on a GPU; the backward cuts other
-        # chunks than the forward (so it computes the intra-chunk scores again instead of taking the forward's)
-        (40, 24, {"chunk_size": 32}, 16, 16),
+        (256, 256, {}, None),
+        # the backward cuts other chunks than the forward (so it computes the gates and the intra-chunk scores
+        # again instead of taking the forward's)
+        (40, 24, {"chunk_size": 32}, 16),
     ],
-    ids=["padded_split", "head_dim_256", "diagonal_sub_tiles"],
+    ids=["padded_split", "head_dim_256", "other_backward_chunks"],
 )
-def test_state_tiles_split_over_programs(dk, dv, params, block_kd, bwd_chunk, monkeypatch):
+def test_state_tiles_split_over_programs(dk, dv, params, bwd_chunk, monkeypatch):
     if "block_k" in params:
         monkeypatch.setattr(chunk, "_state_tile", lambda d: (params["block_k"], params["block_v"]))
-    if block_kd is not None:
-        make_plan = chunk.make_plan
-        monkeypatch.setattr(chunk, "make_plan", lambda *a: dataclasses.replace(make_plan(*a), block_kd=block_kd))
     args, h0 = _inputs(1, 40, 1, 2, dk, dv, seed=dk)
     fp = chunk.ChunkFwdParams(**params)
     bp = chunk.ChunkBwdParams(**{**params, **({} if bwd_chunk is None else {"chunk_size": bwd_chunk})})
@@ -129,20 +125,20 @@ def test_plans_on_a_gpu(monkeypatch):
     monkeypatch.setattr(chunk, "interpreting", lambda: False)
     d = chunk.Dims(128, 128, 4 * 16)  # B 4 x HV 16: 128 programs of [128, 64] state tiles
     fwd, bwd = chunk.default_plan(d, "fwd"), chunk.default_plan(d, "bwd")
-    assert fwd == chunk.Plan(
-        64, block_k=64, block_v=64, block_kd=16, num_warps=8, num_stages=2, state_k=128, state_v=64
-    )
-    assert bwd == chunk.Plan(
-        64, block_k=64, block_v=32, block_kd=16, num_warps=8, num_stages=2, state_k=128, state_v=64
-    )
+    assert fwd == chunk.Plan(64, block_k=64, block_v=64, num_warps=8, num_stages=2, state_k=128, state_v=64)
+    assert bwd == chunk.Plan(64, block_k=64, block_v=32, num_warps=8, num_stages=2, state_k=128, state_v=64)
     # fewer sequences x value heads: smaller state tiles, so the state passes still get about one wave of programs
     assert [chunk._state_tile(chunk.Dims(128, 128, n)) for n in (0, 32, 16, 2)] == [(128, 64), (64, 64), (64, 32)] + [
         (64, 32)
     ]
-    for stage, base in (("fwd", fwd), ("bwd", bwd)):
+    for stage, base, n, key_tiles, value_tiles in (
+        ("fwd", fwd, 12, {64}, {32, 64, 128}),
+        ("bwd", bwd, 16, {32, 64}, {32, 64}),
+    ):
         candidates = chunk._candidate_plans(d, stage)
-        assert candidates[0] == base and len(candidates) == len(set(candidates)) == 8
-        assert {p.chunk for p in candidates} == {32, 64} and {p.block_v for p in candidates} == {32, 64}
+        assert candidates[0] == base and len(candidates) == len(set(candidates)) == n
+        assert {p.chunk for p in candidates} == {32, 64} and {p.block_v for p in candidates} == value_tiles
+        assert {p.block_k for p in candidates} == key_tiles
     # small head dims: tiles of the padded dims; a requested tile larger than them is cut down
     d = chunk.Dims(20, 8)
     assert (chunk.default_plan(d).block_k, chunk.default_plan(d).block_v) == (32, 16)
@@ -157,7 +153,8 @@ def test_plans_on_a_gpu(monkeypatch):
 
 
 def test_backward_takes_the_forwards_scores(monkeypatch):
-    """The intra-chunk scores ``A`` are the forward's residual: one launch of their kernel per forward and backward."""
+    """The intra-chunk scores ``A`` and the cumulative gates (of float32 gates) are the forward's residuals: one
+    launch of their kernels per forward and backward."""
     names = []
     real = launch.launch
     monkeypatch.setattr(
@@ -166,6 +163,7 @@ def test_backward_takes_the_forwards_scores(monkeypatch):
     args, _ = _inputs(1, 8, 1, 1, 16, 16)
     jax.grad(lambda q: chunk.gla(q, *args[1:])[0].sum())(args[0])
     assert names.count("chunk_intra_attn") == 1 and names.count("chunk_state_bwd") == 1, names
+    assert names.count("chunk_gate_cumsum") == 1, names
 
 
 def test_params_errors_and_generic_mapping():

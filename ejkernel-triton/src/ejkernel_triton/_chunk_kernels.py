@@ -7,7 +7,8 @@ is cut into chunks of ``BT`` tokens. Inside a chunk, with ``b`` the cumulative l
     o_i    = scale (q_i * exp(b_i)) S  +  sum_{j <= i} A_ij v_j,   A_ij = scale sum_c q_ic k_jc exp(b_ic - b_jc)
     S_next = diag(exp(b_L)) S  +  (k * exp(b_L - b))^T v
 
-Kernels (``launch`` order; the forward is the first four, the backward recomputes them and runs the rest):
+Kernels (``launch`` order; the forward is the first four, the backward recomputes the states (the gates and ``A``
+too when it cuts other chunks than the forward) and runs the rest):
 
 * :func:`chunk_gate_cumsum`: ``b``, the chunk-local cumulative gates (float32);
 * :func:`chunk_state_fwd`: one program per (sequence, value head, key block, value block) walks the chunks and
@@ -23,12 +24,12 @@ Kernels (``launch`` order; the forward is the first four, the backward recompute
 * :func:`chunk_dqk_intra`, :func:`chunk_dqk_inter`: ``dq``, ``dk`` (per value head) and the gates' gradient
   ``dg``, chunk by chunk (:func:`chunk_dqk_inter` says how: no reverse cumulative sum over the whole sequence).
 
-Numerical stability (log gates may be -100 per token): no exponent is ever positive. The intra-chunk scores are
-computed in blocks of ``BC`` rows. The columns left of a row block are one product, ``exp(b_i - b_j)`` factored
-around the cumulative gate ``b_r`` of the block's first row, ``exp(b_i - b_r) exp(b_r - b_j)``, both factors at
-most 1; the diagonal block is computed element by element (:func:`chunk_intra_attn`: in ``BKD`` key channels at a
-time; :func:`chunk_dqk_intra`: one column at a time on a GPU), the exponent masked to ``j <= i`` before ``exp``. Padded rows and channels read as 0 and are kept out of every exponent that
-could be positive.
+Numerical stability (log gates may be -100 per token): no exponent is ever positive. The intra-chunk pairs
+``i > j`` are taken level by level (:func:`level`): at level ``S`` the rows form groups of ``2 S`` and a pair of
+one group with ``i`` at or past the group's ``S``-th row ``r`` and ``j`` before it has ``exp(b_i - b_j) =
+exp(b_i - b_r) exp(b_r - b_j)``, both factors at most 1; so every level is one product over the whole chunk
+(``log2(BT)`` of them), its result kept on its groups. The pairs ``i == j`` need no exponent. Padded rows and
+channels read as 0 and are kept out of every exponent that could be positive.
 
 Layouts (C-contiguous; ``R = B T`` rows of tokens, ``N`` sequences, ``NT`` chunks over all sequences):
 
@@ -49,9 +50,10 @@ Dots (:func:`mm`): operands in ``DOT`` (``"bf16"`` for bfloat16 inputs, else ``"
 stay float32. Products whose results must keep float32 accuracy (the final state, the initial state's and the
 gates' gradients are compared at float32 tolerance for bfloat16 inputs too) split their float32 operand in a
 bfloat16 high part and the bfloat16 rest (``SA``/``SB``: one more product each, two for two split operands):
-the state passes (``k exp(b_L - b)`` times ``v``; ``q exp(b)`` times ``do``) and ``dq``/``dk`` (which ``dg``
-is made of); ``A``, ``o``, ``dA`` and ``dv`` take one product. In the interpreter (``EMU``), whose dots of
-16-bit operands are wrong, bfloat16 operands are float32 holding the rounded values. Dot results are never
+the state passes (``k exp(b_L - b)`` times ``v``, unless the forward returns no final state; ``q exp(b)`` times
+``do``) and ``dq``/``dk`` (which ``dg`` is made of); so do ``A``'s levels (their gate factors are not exact in
+bfloat16, unlike ``q`` and ``k``); ``o``, ``dA`` and ``dv`` take one product. In the interpreter (``EMU``), whose
+dots of 16-bit operands are wrong, bfloat16 operands are float32 holding the rounded values. Dot results are never
 transposed (``tl.trans`` of a dot accumulator is miscompiled by Triton 3.6 on Hopper): transposed operands are
 loaded transposed from memory.
 """
@@ -143,6 +145,20 @@ def state_at(X, i_s, i_hv, o_k, o_v, m_k, m_v, HV: tl.constexpr, DK: tl.constexp
     return tl.load(X + base + o_k * DV + o_v, mask=m_k & m_v, other=0.0)
 
 
+@triton.jit
+def level(o_t, n_rows, S):
+    """Level ``S`` of the intra-chunk pairs ``i > j`` (``o_t``: the chunk's rows): rows in groups of ``2 S``, each
+    group's reference row ``ref`` its ``S``-th; the level holds the pairs of one group with ``i >= ref > j``, for
+    which ``exp(b_i - b_j) = exp(b_i - b_ref) exp(b_ref - b_j)``, both exponents <= 0: one product per level.
+    Every pair ``i > j`` is in exactly one level (``S`` the highest bit where ``i`` and ``j`` differ). Returns
+    ``(ref, up, lo)``: the reference row of each row's group, the valid rows at or past it, the rows before it
+    (whose reference is a valid row)."""
+    ref = (o_t // (2 * S)) * (2 * S) + S
+    up = (o_t >= ref) & (o_t < n_rows)
+    lo = (o_t < ref) & (ref < n_rows)
+    return ref, up, lo
+
+
 # ------------------------------------------------------------------------------------------------
 # Forward.
 # ------------------------------------------------------------------------------------------------
@@ -191,12 +207,15 @@ def chunk_state_fwd(
     BK: tl.constexpr,
     BV: tl.constexpr,
     HAS_H0: tl.constexpr,
+    SPLIT: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
 ):
     """The state at each chunk's start (``Hs``) and after the last (``HT``), one ``[BK, BV]`` tile per program, in
-    registers across the chunks. Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
+    registers across the chunks. ``SPLIT``: the chunk's update keeps float32 accuracy (its float32 operand split,
+    :func:`mm`), for a final state that is returned or states that feed float32 products; else one product (the
+    states then only feed dots that round them to ``DOT``). Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
     NK: tl.constexpr = (DK + BK - 1) // BK
     NV: tl.constexpr = (DV + BV - 1) // BV
     i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the tiles of one sequence and head side by side
@@ -233,7 +252,7 @@ def chunk_state_fwd(
         b_gl = gate(GC, start + n_rows - 1, o_k, m_k, i_hv, HV, GK)  # [BK], the chunk's total decay
         b_v = raw(V_, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_hv, HV, DV, EMU)  # [BT, BV]
         b_h = b_h * tl.exp(b_gl)[:, None]
-        b_h = mm(b_kT * tl.exp(b_gl[:, None] - b_gT), b_v, b_h, 1, 0, DOT, EMU, PREC)
+        b_h = mm(b_kT * tl.exp(b_gl[:, None] - b_gT), b_v, b_h, SPLIT, 0, DOT, EMU, PREC)
     tl.store(HT + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_h, mask=m_h)
 
 
@@ -252,62 +271,47 @@ def chunk_intra_attn(
     DK: tl.constexpr,
     GK: tl.constexpr,
     BT: tl.constexpr,
-    BC: tl.constexpr,
     BK: tl.constexpr,
-    BKD: tl.constexpr,
+    LEVELS: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
 ):
-    """Rows ``[i BC, (i + 1) BC)`` of the chunk's scores ``A`` (scale included, zeros above the diagonal). Grid
-    ``(NT * (BT // BC), HV)``."""
-    NC: tl.constexpr = BT // BC
-    i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the row blocks of one chunk side by side (shared reads)
-    i_t = i_p // NC
-    i_i = i_p % NC
+    """The chunk's scores ``A`` (scale included, zeros above the diagonal): the pairs ``i > j`` level by level
+    (:func:`level`: one product per level), the diagonal ``q_i . k_i`` element-wise. Grid ``(NT, HV)``."""
+    i_t, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
     _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
-    o_c = tl.arange(0, BC)
-    o_i = i_i * BC + o_c
-    m_i = o_i < n_rows
-    rows_i = bos + o_i
     o_t = tl.arange(0, BT)
+    m_t = o_t < n_rows
     rows = bos + o_t
-    m_l = (o_t < i_i * BC) & (o_t < n_rows)  # the columns left of the block
-    # Left of the block, one product: exp(b_i - b_j) = exp(b_i - b_r) exp(b_r - b_j) around the block's first row
-    # r (the last valid row when the whole block is padding), both exponents <= 0.
-    r_ref = tl.minimum(i_i * BC, tl.maximum(n_rows - 1, 0))
 
-    b_a = tl.zeros([BC, BT], dtype=tl.float32)
+    b_a = tl.zeros([BT, BT], dtype=tl.float32)
+    b_d = tl.zeros([BT], dtype=tl.float32)
     for i_k in range(tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
-        m_ik = m_i[:, None] & m_k[None, :]
-        m_kl = m_k[:, None] & m_l[None, :]
-        b_r = gate(GC, bos + r_ref, o_k, m_k & (o_k * 0 < n_rows), i_hv, HV, GK)  # [BK]
-        b_q = tile(Q, rows_i[:, None], o_k[None, :], m_ik, i_h, H, DK)  # [BC, BK]
-        b_gq = gate(GC, rows_i[:, None], o_k[None, :], m_ik, i_hv, HV, GK)
-        b_qg = b_q * tl.exp(tl.where(m_i[:, None], b_gq - b_r[None, :], 0.0))
-        b_kT = tile(K_, rows[None, :], o_k[:, None], m_kl, i_h, H, DK)  # [BK, BT]
-        b_gkT = gate(GC, rows[None, :], o_k[:, None], m_kl, i_hv, HV, GK)
-        b_kg = b_kT * tl.exp(tl.where(m_kl, b_r[:, None] - b_gkT, 0.0))
-        b_a = mm(b_qg, b_kg, b_a, 0, 0, DOT, EMU, PREC)
-    p_a = A + ((i_t.to(tl.int64) * HV + i_hv) * BT + o_i[:, None]) * BT
-    m_o = (o_t < i_i * BC) | (o_t >= i_i * BC + BC)  # every column but the diagonal block's (zeros right of it)
-    tl.store(p_a + o_t[None, :], (b_a * scale).to(A.dtype.element_ty), mask=m_o[None, :])
-
-    # The diagonal block, element by element: exp of (b_i - b_j) masked to j <= i first.
-    m_d = (o_i[:, None] >= o_i[None, :]) & m_i[:, None]  # [BC, BC]
-    b_d = tl.zeros([BC, BC], dtype=tl.float32)
-    for i_k in range(tl.cdiv(DK, BKD)):
-        o_k = i_k * BKD + tl.arange(0, BKD)
-        m_ik = m_i[:, None] & (o_k < DK)[None, :]
-        b_q = tile(Q, rows_i[:, None], o_k[None, :], m_ik, i_h, H, DK)  # [BC, BKD]
-        b_k = tile(K_, rows_i[:, None], o_k[None, :], m_ik, i_h, H, DK)
-        b_g = gate(GC, rows_i[:, None], o_k[None, :], m_ik, i_hv, HV, GK)
-        b_e = tl.exp(tl.where(m_d[:, :, None], b_g[:, None, :] - b_g[None, :, :], float("-inf")))  # [i, j, c]
-        b_d += tl.sum(b_q[:, None, :] * b_k[None, :, :] * b_e, axis=2)
-    tl.store(p_a + o_i[None, :], (b_d * scale).to(A.dtype.element_ty))
+        m_tk = m_t[:, None] & m_k[None, :]
+        m_kt = m_k[:, None] & m_t[None, :]
+        b_q = tile(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)  # [BT, BK]
+        b_g = gate(GC, rows[:, None], o_k[None, :], m_tk, i_hv, HV, GK)
+        b_kT = tile(K_, rows[None, :], o_k[:, None], m_kt, i_h, H, DK)  # [BK, BT]
+        b_gT = gate(GC, rows[None, :], o_k[:, None], m_kt, i_hv, HV, GK)
+        b_d += tl.sum(b_q * tile(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK), axis=1)
+        for lv in range(LEVELS):
+            S = BT >> (lv + 1)
+            ref, up, lo = level(o_t, n_rows, S)
+            m_uk = up[:, None] & m_k[None, :]
+            m_kl = m_k[:, None] & lo[None, :]
+            b_r = gate(GC, bos + ref[:, None], o_k[None, :], m_uk, i_hv, HV, GK)  # [BT, BK]
+            b_rT = gate(GC, bos + ref[None, :], o_k[:, None], m_kl, i_hv, HV, GK)  # [BK, BT]
+            b_qs = b_q * tl.exp(tl.where(m_uk, b_g - b_r, float("-inf")))  # rows past the reference
+            b_ks = b_kT * tl.exp(tl.where(m_kl, b_rT - b_gT, float("-inf")))  # columns before it
+            b_p = mm(b_qs, b_ks, tl.zeros([BT, BT], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
+            b_a += tl.where((o_t[:, None] // (2 * S)) == (o_t[None, :] // (2 * S)), b_p, 0.0)
+    b_a += tl.where(o_t[:, None] == o_t[None, :], b_d[:, None], 0.0)
+    p_a = A + ((i_t.to(tl.int64) * HV + i_hv) * BT + o_t[:, None]) * BT + o_t[None, :]
+    tl.store(p_a, (b_a * scale).to(A.dtype.element_ty))
 
 
 @triton.jit
@@ -538,89 +542,104 @@ def chunk_dqk_intra(
     DK: tl.constexpr,
     GK: tl.constexpr,
     BT: tl.constexpr,
-    BC: tl.constexpr,
     BK: tl.constexpr,
-    BKD: tl.constexpr,
+    LEVELS: tl.constexpr,
+    PARTS: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
 ):
-    """The intra-chunk shares of ``dq`` and ``dk`` (float32, per value head) for rows ``[x BC, (x + 1) BC)`` and
-    one key block, without the pairs ``i == j`` (:func:`chunk_dqk_inter` adds them): ``dq_i = sum_{j < i} dA_ij k_j
-    exp(b_i - b_j)``, ``dk_j = sum_{i > j} dA_ij q_i exp(b_i - b_j)``. ``BKD < BK`` (a GPU's plan): the diagonal
-    sub-block column by column, else as one ``[BC, BC, BK]`` tile. Grid ``(NT * (BT // BC) * cdiv(DK, BK), HV)``."""
+    """The intra-chunk shares of ``dq`` and ``dk`` (float32, per value head) for one chunk and key block, without
+    the pairs ``i == j`` (:func:`chunk_dqk_inter` adds them): ``dq_i = sum_{j < i} dA_ij k_j exp(b_i - b_j)``,
+    ``dk_j = sum_{i > j} dA_ij q_i exp(b_i - b_j)``, level by level (:func:`level`): with ``u = exp(b - b_ref)``
+    on the rows past each group's reference and ``w = exp(b_ref - b)`` on those before it, ``dq += u * (dA_S @ (k
+    w))`` and ``dk += w * (dA_S^T @ (q u))``, ``dA_S`` the level's groups of ``dA``. ``PARTS == 2``: ``dq`` and
+    ``dk`` in programs of their own (float32 dots: their three tf32 passes would spill registers in one program).
+    Grid ``(NT * PARTS * cdiv(DK, BK), HV)``."""
     NK: tl.constexpr = (DK + BK - 1) // BK
-    NX: tl.constexpr = (BT // BC) * NK
     i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the blocks of one chunk side by side (shared reads)
-    i_t = i_p // NX
-    i_x = (i_p % NX) // NK
+    i_t = i_p // (PARTS * NK)
+    i_x = (i_p // NK) % PARTS  # 0: dq (and dk when PARTS == 1), PARTS - 1: dk
     i_k = i_p % NK
     i_h = i_hv // (HV // H)
     _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
-    o_c = tl.arange(0, BC)
-    o_x = i_x * BC + o_c
-    m_x = o_x < n_rows
-    rows_x = bos + o_x
     o_t = tl.arange(0, BT)
+    m_t = o_t < n_rows
     rows = bos + o_t
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < DK
-    m_xk = m_x[:, None] & m_k[None, :]
+    m_tk = m_t[:, None] & m_k[None, :]
     p_da = DA + (i_t.to(tl.int64) * HV + i_hv) * BT * BT
-    b_gx = gate(GC, rows_x[:, None], o_k[None, :], m_xk, i_hv, HV, GK)  # [BC, BK]
 
-    # dq from the columns left of the block, one product around the block's first row (as in chunk_intra_attn).
-    m_l = (o_t < i_x * BC) & (o_t < n_rows)
-    m_lk = m_l[:, None] & m_k[None, :]
-    r_q = tl.minimum(i_x * BC, tl.maximum(n_rows - 1, 0))
-    b_rq = gate(GC, bos + r_q, o_k, m_k & (o_k * 0 < n_rows), i_hv, HV, GK)  # [BK]
-    b_da = tl.load(p_da + o_x[:, None] * BT + o_t[None, :], mask=m_l[None, :], other=0.0)  # [BC, BT]
-    b_k = tile(K_, rows[:, None], o_k[None, :], m_lk, i_h, H, DK)  # [BT, BK]
-    b_g = gate(GC, rows[:, None], o_k[None, :], m_lk, i_hv, HV, GK)
-    b_kg = b_k * tl.exp(tl.where(m_lk, b_rq[None, :] - b_g, 0.0))
-    b_dq = mm(b_da, b_kg, tl.zeros([BC, BK], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
-    b_dq = b_dq * tl.exp(tl.where(m_x[:, None], b_gx - b_rq[None, :], 0.0))
+    b_g = gate(GC, rows[:, None], o_k[None, :], m_tk, i_hv, HV, GK)  # [BT, BK]
+    b_q = raw(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)  # q and k held in their dtype
+    b_k = raw(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
 
-    # dk from the rows below the block, around the block's last row (valid whenever a row below is).
-    m_b = (o_t >= i_x * BC + BC) & (o_t < n_rows)
-    m_bk = m_b[:, None] & m_k[None, :]
-    r_k = tl.minimum(i_x * BC + BC - 1, tl.maximum(n_rows - 1, 0))
-    b_rk = gate(GC, bos + r_k, o_k, m_k & (o_k * 0 < n_rows), i_hv, HV, GK)  # [BK]
-    b_daT = tl.load(p_da + o_t[None, :] * BT + o_x[:, None], mask=m_b[None, :], other=0.0)  # [x, i] = dA[i, x]
-    b_q = tile(Q, rows[:, None], o_k[None, :], m_bk, i_h, H, DK)  # [BT, BK]
-    b_g = gate(GC, rows[:, None], o_k[None, :], m_bk, i_hv, HV, GK)
-    b_qg = b_q * tl.exp(tl.where(m_bk, b_g - b_rk[None, :], 0.0))
-    b_dk = mm(b_daT, b_qg, tl.zeros([BC, BK], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
-    b_dk = b_dk * tl.exp(tl.where(m_x[:, None], b_rk[None, :] - b_gx, 0.0))
+    # dA is read again for each level (from L1), only on the level's groups.
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    for lv in range(LEVELS):
+        S = BT >> (lv + 1)
+        ref, up, lo = level(o_t, n_rows, S)
+        m_uk = up[:, None] & m_k[None, :]
+        m_lk = lo[:, None] & m_k[None, :]
+        b_r = gate(GC, bos + ref[:, None], o_k[None, :], m_uk | m_lk, i_hv, HV, GK)
+        # u = exp(b - b_ref) past the reference, w = exp(b_ref - b) before it: other rows, so one exp for both
+        b_e = tl.exp(tl.where(m_uk, b_g - b_r, tl.where(m_lk, b_r - b_g, float("-inf"))))
+        b_u = tl.where(m_uk, b_e, 0.0)
+        b_w = tl.where(m_lk, b_e, 0.0)
+        m_s = (o_t[:, None] // (2 * S)) == (o_t[None, :] // (2 * S))  # the level's groups (symmetric)
+        if PARTS == 1:  # no branch around the dots in the common case
+            b_dq += dq_level(p_da, o_t, m_s, b_k, b_u, b_w, BT, BK, PREC, DOT, EMU)
+            b_dk += dk_level(p_da, o_t, m_s, b_q, b_u, b_w, BT, BK, PREC, DOT, EMU)
+        elif i_x == 0:
+            b_dq += dq_level(p_da, o_t, m_s, b_k, b_u, b_w, BT, BK, PREC, DOT, EMU)
+        else:
+            b_dk += dk_level(p_da, o_t, m_s, b_q, b_u, b_w, BT, BK, PREC, DOT, EMU)
 
-    # The diagonal block, element by element (exponent masked to i > j before exp). The pairs i == j are left to
-    # chunk_dqk_inter: their shares of q dq and k dk cancel exactly in dg, which is formed without them.
-    b_qx = tile(Q, rows_x[:, None], o_k[None, :], m_xk, i_h, H, DK)  # [BC, BK]
-    if BKD < BK:
-        # On a GPU: one column j at a time, E_ij = exp(b_i - b_j) ([BC, BK], rows i) gives dq_i += dA_ij k_j E_ij
-        # and dk_j = sum_i dA_ij q_i E_ij (placed in row j); each exp once, no [BC, BC, BK] tile.
-        for j in range(BC):
-            m_j = m_k & (o_k * 0 + i_x * BC + j < n_rows)
-            b_kj = tile(K_, bos + i_x * BC + j, o_k, m_j, i_h, H, DK)  # [BK]
-            b_gj = gate(GC, bos + i_x * BC + j, o_k, m_j, i_hv, HV, GK)
-            b_daj = tl.load(p_da + o_x * BT + (i_x * BC + j))  # [BC], dA[i, j]
-            b_e = tl.exp(tl.where(((o_c > j) & m_x)[:, None], b_gx - b_gj[None, :], float("-inf")))  # [BC, BK]
-            b_de = b_daj[:, None] * b_e
-            b_dq += b_de * b_kj[None, :]
-            b_dk += tl.where((o_c == j)[:, None], tl.sum(b_de * b_qx, axis=0)[None, :], 0.0)
-    else:
-        # In the interpreter (fewer, larger steps run faster there): the whole [BC, BC, BK] block at once.
-        b_kx = tile(K_, rows_x[:, None], o_k[None, :], m_xk, i_h, H, DK)
-        b_dd = tl.load(p_da + o_x[:, None] * BT + o_x[None, :])  # [i, j]
-        m_d = (o_x[:, None] > o_x[None, :]) & m_x[:, None]
-        b_e = tl.exp(tl.where(m_d[:, :, None], b_gx[:, None, :] - b_gx[None, :, :], float("-inf")))  # [i, j, c]
-        b_de = b_dd[:, :, None] * b_e
-        b_dq += tl.sum(b_de * b_kx[None, :, :], axis=1)
-        b_dk += tl.sum(b_de * b_qx[:, None, :], axis=0)
+    p_x = (rows[:, None] * HV + i_hv) * DK + o_k[None, :]
+    if i_x == 0:
+        tl.store(DQ + p_x, b_dq, mask=m_tk)
+    if i_x == PARTS - 1:
+        tl.store(DK_ + p_x, b_dk, mask=m_tk)
 
-    p_x = (rows_x[:, None] * HV + i_hv) * DK + o_k[None, :]
-    tl.store(DQ + p_x, b_dq, mask=m_xk)
-    tl.store(DK_ + p_x, b_dk, mask=m_xk)
+
+@triton.jit
+def dq_level(
+    p_da,
+    o_t,
+    m_s,
+    b_k,
+    b_u,
+    b_w,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """One level's share of :func:`chunk_dqk_intra`'s ``dq``: ``u * (dA_S @ (k w))``."""
+    b_da = tl.load(p_da + o_t[:, None] * BT + o_t[None, :], mask=m_s, other=0.0)  # [i, j]
+    return b_u * mm(b_da, b_k.to(tl.float32) * b_w, tl.zeros([BT, BK], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
+
+
+@triton.jit
+def dk_level(
+    p_da,
+    o_t,
+    m_s,
+    b_q,
+    b_u,
+    b_w,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """One level's share of :func:`chunk_dqk_intra`'s ``dk``: ``w * (dA_S^T @ (q u))``."""
+    b_daT = tl.load(p_da + o_t[None, :] * BT + o_t[:, None], mask=m_s, other=0.0)  # [j, i] = dA[i, j]
+    return b_w * mm(b_daT, b_q.to(tl.float32) * b_u, tl.zeros([BT, BK], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
 
 
 @triton.jit

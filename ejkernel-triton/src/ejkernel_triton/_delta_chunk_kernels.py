@@ -1,5 +1,5 @@
 """The chunked kernels of ``gated_delta_rule`` (the WY representation): the forward's three launches and the
-backward's four more.
+backward's two more.
 
 Per sequence and value head the rule ``S_t = exp(g_t) S_{t-1}``, ``S_t += beta_t k_t (v_t - S_t^T k_t)^T``,
 ``o_t = scale S_t^T q_t`` is cut into chunks of ``BT`` tokens. With ``b`` the chunk-local cumulative log gate (token
@@ -23,20 +23,18 @@ needed), and then
 The backward reruns the first two (its own chunk size) and, with ``P = (Q K^T * exp(b_i - b_j), j <= i)``,
 ``dH`` the gradient of the state a chunk leaves with and ``S`` the one it is entered with:
 
-* :func:`delta_bwd_dvl`: ``scale P^T dO``, the share of ``dU'`` that needs no state, every chunk in parallel;
 * :func:`delta_state_bwd`: the chunks in reverse, ``dH`` in registers (one program per sequence, value head and
-  value block): ``dU' = scale P^T dO + (K * exp(b_L - b)) dH``, then
-  ``dH <- exp(b_L) dH + scale (Q * exp(b))^T dO - w^T dU'``; stores ``dU'``, ``dH`` at each chunk's end and the
-  initial state's gradient;
-* :func:`delta_bwd_wy`: back through ``U' = u - w S``, ``u = T (beta V)``, ``w = T (beta exp(b) K)`` and
-  ``T = (I + A)^-1``. With ``dvb = T^T dU'`` (the gradient of ``beta V``): ``dv = beta dvb``; the gradient of
-  ``beta exp(b) K`` is ``T^T dw = -dvb S^T`` (``dw = -dU' S^T``); ``dA = -T^T dT T^T = -dvb u^T - (T^T dw) w^T
-  = -dvb U'^T``, kept strictly lower. It stores ``dv``, ``dvb``, the shares of ``dbeta`` and ``db`` that need no
-  key gradient and the ``[BT, BT]`` matrices ``dP = scale dO U'^T * exp(b_i - b_j)`` (``j <= i``) and
-  ``D = dA * beta_i exp(b_i - b_j)`` (``dA_ij`` times ``A_ij``'s factor of ``k_i . k_j``);
-* :func:`delta_bwd_qk`: key blocks in turn: ``dq = scale (dO S^T) * exp(b) + dP K``, ``dk`` (``beta exp(b)
-  (T^T dw) + dP^T Q + (D + D^T) K + (U' dH^T) * exp(b_L - b)``), then ``dbeta``, ``db`` and ``dg``, the reverse
-  cumulative sum of ``db`` within the chunk (``b`` is the chunk-local cumulative sum of ``g``).
+  value block): ``dU' = scale P^T dO + (K * exp(b_L - b)) dH`` (``P^T`` from the key and query tiles the step loads
+  anyway), then ``dH <- exp(b_L) dH + scale (Q * exp(b))^T dO - w^T dU'``; stores ``dU'``, ``dH`` at each chunk's
+  end and the initial state's gradient;
+* :func:`delta_bwd_grads`, every chunk in parallel: back through ``U' = u - w S``, ``u = T (beta V)``, ``w = T
+  (beta exp(b) K)`` and ``T = (I + A)^-1``. With ``dvb = T^T dU'`` (the gradient of ``beta V``): ``dv = beta
+  dvb``; the gradient of ``beta exp(b) K`` is ``T^T dw = -dvb S^T = -T^T (dU' S^T)`` (``dw = -dU' S^T``); ``dA =
+  -T^T dT T^T = -dvb u^T - (T^T dw) w^T = -dvb U'^T``, kept strictly lower. With ``dP = scale dO U'^T * exp(b_i -
+  b_j)`` (``j <= i``) and ``D = dA * beta_i exp(b_i - b_j)`` (``dA_ij`` times ``A_ij``'s factor of ``k_i .
+  k_j``), key blocks in turn: ``dq = scale (dO S^T) * exp(b) + dP K``, ``dk`` (``beta exp(b) (T^T dw) + dP^T Q +
+  (D + D^T) K + (U' dH^T) * exp(b_L - b)``), then ``dbeta``, ``db`` and ``dg``, the reverse cumulative sum of
+  ``db`` within the chunk (``b`` is the chunk-local cumulative sum of ``g``).
 
 The backward's kernels keep their live tiles small (ptxas for sm_90 spilled every one of an earlier version that
 held several ``[BT, DK]`` float32 tiles at once): per-row factors scale the smaller operand of a dot or its product
@@ -46,7 +44,7 @@ state's update scales ``U'``), so input tiles go to their dots as loaded (ptxas 
 forward for bfloat16 inputs at chunks of 32 or 64 and value blocks of 32 or 64). Every dot, forward and
 backward, rounds both operands to ``DOT`` (``"bf16"`` for bfloat16 inputs, float32 accumulation;
 ``"fp32"``: float32 operands at ``PREC``; ``EMU``: the interpreter's float32 dots of operands rounded so), but
-``T``'s own dots (float32 at ``TPREC``). States, ``T`` and every sum stay float32.
+``T``'s own dots (float32 at ``TPREC``). States held in registers, ``T`` and every sum stay float32.
 
 ``db`` gathers every place ``b`` appears: where a factor ``exp(b_i - b_j)`` scales products ``x_i . y_j``, with
 ``dx``, ``dy`` the gradients through them, ``b_i`` gets ``x_i . dx_i`` and ``b_j`` gets ``-y_j . dy_j`` (so
@@ -59,11 +57,12 @@ Gates are log decays (``<= 0``), so ``b`` does not increase along a chunk and no
 
 Layouts (C-contiguous; ``R = B T`` rows of tokens): ``q``, ``k [R, H, DK]`` (any float dtype; ``use_qk_l2norm`` is
 applied before); ``v [R, HV, DV]``; ``g``, ``beta [R, HV]``; ``w [R, HV, DK]``, ``U' [R, HV, DV]`` and the states at
-the chunks' starts ``[NT, HV, DK, DV]`` in the dtype of their arrays (the forward stores them in the dots' operand
-dtype, which its dots round them to anyway; the backward in float32); ``u [R, HV, DV]``, ``b [R, HV]`` float32;
-``T``, ``dP``, ``D [NT, HV, BT, BT]`` float32; final and initial states and the states' gradients
-``[N or NT, HV, DK, DV]`` float32; the output in its array's dtype; the backward's ``scale P^T dO``, ``dU'``, ``dvb
-[R, HV, DV]`` and gradients of ``q``, ``k`` (per value head), ``g``, ``beta`` float32, ``dv`` in ``v``'s dtype; the
+the chunks' starts ``[NT, HV, DK, DV]`` in the dtype of their arrays (forward and backward store them in the dots'
+operand dtype, which their dots round them to anyway); ``u [R, HV, DV]``, ``b [R, HV]`` float32;
+``T [NT, HV, BT, BT]`` float32; final and initial states float32; the output in its array's dtype; the backward's
+``dU' [R, HV, DV]`` and the states' gradients at the chunks' ends ``[NT, HV, DK, DV]`` in the dtype of their arrays
+(the dots' operand dtype: only dots read them, but ``sum(S * dH)``), the initial state's float32, the gradients of
+``q``, ``k`` (per value head), ``g``, ``beta`` float32, ``dv`` in ``v``'s dtype; the
 chunk table of ``ejkernel_triton._chunk_kernels`` (``Cu``, ``ChunkSeq``, ``ChunkOff``). Value head ``hv`` reads
 query/key head ``hv // (HV // H)``. No dot result is transposed (Triton 3.6 miscompiles ``tl.trans`` of a Hopper dot
 accumulator): transposed operands are loaded transposed from memory.
@@ -322,66 +321,12 @@ def delta_output(
 
 
 @triton.jit
-def delta_bwd_dvl(
-    Q,
-    K_,
-    B,
-    DO,
-    Cu,
-    ChunkSeq,
-    ChunkOff,
-    scale,
-    DVL,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BT: tl.constexpr,
-    BKC: tl.constexpr,
-    BV: tl.constexpr,
-    DOT: tl.constexpr,
-    EMU: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """The output's share of ``dU'``, ``scale P^T dO`` (``DVL``), of one chunk, value head and value block:
-    no state needed, so every chunk in parallel. ``P^T`` is summed over key blocks of ``BKC`` channels.
-    Grid ``(NT * cdiv(DV, BV), HV)``."""
-    NV: tl.constexpr = (DV + BV - 1) // BV
-    i_p, i_hv = tl.program_id(0), tl.program_id(1)
-    i_t = i_p // NV
-    i_v = i_p % NV
-    i_h = i_hv // (HV // H)
-    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
-    o_t = tl.arange(0, BT)
-    m_t = o_t < n_rows
-    rows = bos + o_t
-    o_v = i_v * BV + tl.arange(0, BV)
-    m_tv = m_t[:, None] & (o_v < DV)[None, :]
-
-    b_b = _scalar_col(B, rows, m_t, i_hv, HV)
-    # P^T, computed as such: [j, i] = k_j . q_i exp(b_i - b_j) for i >= j.
-    b_pt = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(DK, BKC)):
-        o_k = i_k * BKC + tl.arange(0, BKC)
-        m_k = o_k < DK
-        b_k = tile(K_, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK)  # [BT, BKC]
-        b_qT = tile(Q, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK)  # [BKC, BT]
-        b_pt = _dot(b_k, b_qT, b_pt, DOT, EMU, PREC)
-    causal_t = (o_t[None, :] >= o_t[:, None]) & m_t[None, :]
-    b_pt = tl.where(causal_t, b_pt * tl.exp(tl.where(causal_t, b_b[None, :] - b_b[:, None], 0.0)) * scale, 0.0)
-    b_do = tile(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
-    b_dvl = _dot(b_pt, b_do, None, DOT, EMU, PREC)
-    tl.store(DVL + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_dvl, mask=m_tv)
-
-
-@triton.jit
 def delta_state_bwd(
     Q,
     K_,
     W,
     B,
     DO,
-    DVL,
     DHT,
     Cu,
     ChunkOff,
@@ -395,6 +340,7 @@ def delta_state_bwd(
     DV: tl.constexpr,
     BT: tl.constexpr,
     BK: tl.constexpr,
+    BKC: tl.constexpr,
     BV: tl.constexpr,
     HAS_DHT: tl.constexpr,
     DOT: tl.constexpr,
@@ -402,10 +348,11 @@ def delta_state_bwd(
     PREC: tl.constexpr,
 ):
     """``dU'`` (``DUC``), the state's gradient at each chunk's end (``DHE``) and before the first (``DH0``; the
-    final state's cotangent ``DHT`` for an empty sequence), chunks in reverse; ``DVL`` (:func:`delta_bwd_dvl`)
-    holds ``dU'``'s share that needs no state. The key tiles go to the dots as loaded (per-row factors scale
-    the value-sized operand or the product instead), so they need no registers of their own.
-    Grid ``(N * cdiv(DV, BV), HV)``."""
+    final state's cotangent ``DHT`` for an empty sequence), chunks in reverse; in the dtypes of their arrays
+    (dots round them to ``DOT`` anyway) but ``DH0`` (float32). ``dU'``'s share that needs no state, ``scale P^T
+    dO``, comes from the tiles each step loads anyway (no launch or round trip of its own). The key tiles go to the
+    dots as loaded (per-row factors scale the value-sized operand or the product instead), so they need no
+    registers of their own. Grid ``(N * cdiv(DV, BV), HV)``."""
     NV: tl.constexpr = (DV + BV - 1) // BV
     i_p, i_hv = tl.program_id(0), tl.program_id(1)
     i_n = i_p // NV
@@ -429,134 +376,60 @@ def delta_state_bwd(
     for i_r in range(n_chunks):
         i_c = n_chunks - 1 - i_r
         i_t = c0 + i_c
-        tl.store(DHE + (i_t.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_dh, mask=m_h)
+        tl.store(DHE + (i_t.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_dh.to(DHE.dtype.element_ty), mask=m_h)
         start = bos + i_c * BT
         n_rows = tl.minimum(eos - start, BT)
         rows = start + o_t
         m_t = o_t < n_rows
         m_tv = m_t[:, None] & m_v[None, :]
         m_kt = m_k[:, None] & m_t[None, :]
+        causal_t = (o_t[None, :] >= o_t[:, None]) & m_t[None, :]
         b_b = _scalar_col(B, rows, m_t, i_hv, HV)
         b_bl = tl.sum(tl.where(o_t == n_rows - 1, b_b, 0.0), axis=0)
-        b_k = tile(K_, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK)  # [BT, BK]
-        b_qT = tile(Q, rows[None, :], o_k[:, None], m_kt, i_h, H, DK)  # [BK, BT]
-        b_wT = tile(W, rows[None, :], o_k[:, None], m_kt, i_hv, HV, DK)  # [BK, BT]
+        b_k = _raw(K_, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK, EMU)  # [BT, BK]
+        b_qT = _raw(Q, rows[None, :], o_k[:, None], m_kt, i_h, H, DK, EMU)  # [BK, BT]
+        b_wT = _raw(W, rows[None, :], o_k[:, None], m_kt, i_hv, HV, DK, EMU)  # [BK, BT]
         b_do = tile(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
-        b_dvl = tl.load(DVL + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], mask=m_tv, other=0.0)
+        # P^T, computed as such: [j, i] = k_j . q_i exp(b_i - b_j) for i >= j (needs no state: off dH's chain)
+        if DOT == "fp32":  # in key blocks of BKC: the whole tiles' three tf32 passes spilled (ptxas for sm_90)
+            b_pt = tl.zeros([BT, BT], dtype=tl.float32)
+            for i_kc in tl.static_range(BK // BKC):
+                o_kc = i_kc * BKC + tl.arange(0, BKC)
+                m_kc = o_kc < DK
+                b_kc = _raw(K_, rows[:, None], o_kc[None, :], m_t[:, None] & m_kc[None, :], i_h, H, DK, EMU)
+                b_qcT = _raw(Q, rows[None, :], o_kc[:, None], m_kc[:, None] & m_t[None, :], i_h, H, DK, EMU)
+                b_pt = _dot(b_kc, b_qcT, b_pt, DOT, EMU, PREC)
+        else:
+            b_pt = _dot(b_k, b_qT, None, DOT, EMU, PREC)
+        b_pt = tl.where(causal_t, b_pt * tl.exp(tl.where(causal_t, b_b[None, :] - b_b[:, None], 0.0)) * scale, 0.0)
         b_el = tl.exp(tl.where(m_t, b_bl - b_b, 0.0))
-        b_duc = b_dvl + _dot(b_k, b_dh, None, DOT, EMU, PREC) * b_el[:, None]  # [BT, BV]
-        tl.store(DUC + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_duc, mask=m_tv)
+        b_duc = _dot(b_pt, b_do, _dot(b_k, b_dh, None, DOT, EMU, PREC) * b_el[:, None], DOT, EMU, PREC)  # [BT, BV]
+        tl.store(DUC + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_duc.to(DUC.dtype.element_ty), mask=m_tv)
         b_dh = _dot(b_qT, b_do * (tl.exp(b_b) * scale)[:, None], b_dh * tl.exp(b_bl), DOT, EMU, PREC)
         b_dh = _dot(b_wT, -b_duc, b_dh, DOT, EMU, PREC)  # U' = u - w S
     tl.store(DH0 + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_dh, mask=m_h)
 
 
 @triton.jit
-def delta_bwd_wy(
+def delta_bwd_grads(
+    Q,
     K_,
     V_,
     Beta,
     B,
     TM,
+    Hs,
     UC,
     DUC,
     DO,
-    Cu,
-    ChunkSeq,
-    ChunkOff,
-    scale,
-    DV_,
-    DVB,
-    DBeta1,
-    DB1,
-    DP,
-    DD,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    DK: tl.constexpr,
-    DV: tl.constexpr,
-    BT: tl.constexpr,
-    BKC: tl.constexpr,
-    BV: tl.constexpr,
-    DOT: tl.constexpr,
-    EMU: tl.constexpr,
-    PREC: tl.constexpr,
-):
-    """The WY representation's backward for one chunk and value head, every value block in turn (so the
-    ``[BT, BT]`` sums are whole): ``dv`` (``v``'s dtype), ``dvb = T^T dU'`` (``DVB``, for :func:`delta_bwd_qk`'s
-    ``T^T dw = -dvb S^T``), the shares of ``dbeta`` and ``db`` that need no key gradient (``DBeta1``, ``DB1``),
-    and ``dP``, ``D`` (``DP``, ``DD``; module docstring). Grid ``(NT, HV)``."""
-    i_t, i_hv = tl.program_id(0), tl.program_id(1)
-    i_h = i_hv // (HV // H)
-    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
-    o_t = tl.arange(0, BT)
-    m_t = o_t < n_rows
-    rows = bos + o_t
-    p_tt = (i_t.to(tl.int64) * HV + i_hv) * (BT * BT)
-
-    b_b = _scalar_col(B, rows, m_t, i_hv, HV)
-    b_beta = _scalar_col(Beta, rows, m_t, i_hv, HV)
-    b_tt = tl.load(TM + p_tt + o_t[None, :] * BT + o_t[:, None])  # [j, i] = T[i, j]
-    b_da = tl.zeros([BT, BT], dtype=tl.float32)  # -dA (not yet masked)
-    b_dp = tl.zeros([BT, BT], dtype=tl.float32)
-    b_dbeta = tl.zeros([BT], dtype=tl.float32)
-    for i_v in range(tl.cdiv(DV, BV)):
-        o_v = i_v * BV + tl.arange(0, BV)
-        m_v = o_v < DV
-        m_tv = m_t[:, None] & m_v[None, :]
-        p_tv = (rows[:, None] * HV + i_hv) * DV + o_v[None, :]
-        b_duc = tl.load(DUC + p_tv, mask=m_tv, other=0.0)  # [BT, BV]
-        b_do = tile(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)
-        b_v = tile(V_, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)
-        b_ucT = tile(UC, rows[None, :], o_v[:, None], m_v[:, None] & m_t[None, :], i_hv, HV, DV)  # [BV, BT]
-        b_dvb = _dot(b_tt, b_duc, None, DOT, EMU, PREC)  # the gradient of beta V
-        tl.store(DV_ + p_tv, (b_dvb * b_beta[:, None]).to(DV_.dtype.element_ty), mask=m_tv)
-        tl.store(DVB + p_tv, b_dvb, mask=m_tv)
-        b_dbeta += tl.sum(b_dvb * b_v, axis=1)
-        b_da = _dot(b_dvb, b_ucT, b_da, DOT, EMU, PREC)
-        b_dp = _dot(b_do, b_ucT, b_dp, DOT, EMU, PREC)
-
-    b_ge = tl.zeros([BT, BT], dtype=tl.float32)  # K K^T, summed over key blocks
-    for i_k in range(tl.cdiv(DK, BKC)):
-        o_k = i_k * BKC + tl.arange(0, BKC)
-        m_k = o_k < DK
-        b_k = tile(K_, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK)  # [BT, BKC]
-        b_kT = tile(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK)  # [BKC, BT]
-        b_ge = _dot(b_k, b_kT, b_ge, DOT, EMU, PREC)
-    causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
-    b_e = tl.exp(tl.where(causal, b_b[:, None] - b_b[None, :], 0.0))  # exp(b_i - b_j), j <= i (masked below)
-    b_ge = b_ge * b_e  # A = beta_i * this, below the diagonal
-    b_da = tl.where(o_t[:, None] > o_t[None, :], -b_da, 0.0)
-    b_dbeta += tl.sum(b_da * b_ge, axis=1)
-    tl.store(DBeta1 + rows * HV + i_hv, b_dbeta, mask=m_t)
-    b_y = b_da * b_ge * b_beta[:, None]  # dA * A: b_i's share (row sums) and b_j's (column sums)
-    tl.store(DB1 + rows * HV + i_hv, tl.sum(b_y, axis=1) - tl.sum(b_y, axis=0), mask=m_t)
-    p_ij = p_tt + o_t[:, None] * BT + o_t[None, :]
-    tl.store(DD + p_ij, b_da * b_e * b_beta[:, None])
-    tl.store(DP + p_ij, tl.where(causal, b_dp * b_e * scale, 0.0))
-
-
-@triton.jit
-def delta_bwd_qk(
-    Q,
-    K_,
-    Beta,
-    B,
-    Hs,
-    UC,
-    DO,
     DHE,
-    DVB,
-    DBeta1,
-    DB1,
-    DP,
-    DD,
     Cu,
     ChunkSeq,
     ChunkOff,
     scale,
     DQ,
     DK_,
+    DV_,
     DG,
     DBeta,
     H: tl.constexpr,
@@ -570,57 +443,107 @@ def delta_bwd_qk(
     EMU: tl.constexpr,
     PREC: tl.constexpr,
 ):
-    """``dq``, ``dk`` (per value head), ``dg`` and ``dbeta`` of one chunk and value head (float32): key blocks of
-    ``BKC`` channels in turn, each summing over every value block (module docstring), then the row sums.
-    Grid ``(NT, HV)``."""
+    """Every input's gradient of one chunk and value head: ``dv`` (``v``'s dtype) and ``dq``, ``dk`` (per value
+    head), ``dg``, ``dbeta`` (float32). First the WY representation's backward, value blocks in turn (so the
+    ``[BT, BT]`` sums are whole): ``dvb = T^T dU'``, ``dv``, ``dA`` and ``dP``, each also computed transposed
+    (from operands loaded transposed: no dot result is transposed), giving ``D + D^T`` and ``dP^T``; then key
+    blocks of ``BKC`` channels in turn, each summing over every value block, with ``T^T dw = -T^T (dU' S^T)``;
+    then the row sums (module docstring). Grid ``(NT, HV)``."""
     i_t, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
     _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
     o_t = tl.arange(0, BT)
     m_t = o_t < n_rows
     rows = bos + o_t
+    p_tt = (i_t.to(tl.int64) * HV + i_hv) * (BT * BT)
 
     b_b = _scalar_col(B, rows, m_t, i_hv, HV)
+    b_beta = _scalar_col(Beta, rows, m_t, i_hv, HV)
+    # Only dots read T: rounded once (half the registers). [j, i] = T[i, j], and T.
+    b_tt = rnd(tl.load(TM + p_tt + o_t[None, :] * BT + o_t[:, None]), DOT, EMU)
+    b_tm = rnd(tl.load(TM + p_tt + o_t[:, None] * BT + o_t[None, :]), DOT, EMU)
+    b_da = tl.zeros([BT, BT], dtype=tl.float32)  # dvb U'^T = -dA (not yet masked)
+    b_daT = tl.zeros([BT, BT], dtype=tl.float32)  # its transpose, U' dvb^T
+    b_dp = tl.zeros([BT, BT], dtype=tl.float32)  # dO U'^T
+    b_dpT = tl.zeros([BT, BT], dtype=tl.float32)  # U' dO^T
+    b_dbeta = tl.zeros([BT], dtype=tl.float32)
+    for i_v in range(tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        m_tv = m_t[:, None] & m_v[None, :]
+        m_vt = m_v[:, None] & m_t[None, :]
+        p_tv = (rows[:, None] * HV + i_hv) * DV + o_v[None, :]
+        b_duc = _raw(DUC, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)  # [BT, BV]
+        b_ducT = _raw(DUC, rows[None, :], o_v[:, None], m_vt, i_hv, HV, DV, EMU)  # [BV, BT]
+        b_do = _raw(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)
+        b_doT = _raw(DO, rows[None, :], o_v[:, None], m_vt, i_hv, HV, DV, EMU)
+        b_uc = _raw(UC, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)
+        b_ucT = _raw(UC, rows[None, :], o_v[:, None], m_vt, i_hv, HV, DV, EMU)
+        b_v = tile(V_, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)
+        b_dvb = _dot(b_tt, b_duc, None, DOT, EMU, PREC)  # the gradient of beta V
+        tl.store(DV_ + p_tv, (b_dvb * b_beta[:, None]).to(DV_.dtype.element_ty), mask=m_tv)
+        b_dbeta += tl.sum(b_dvb * b_v, axis=1)
+        b_da = _dot(b_dvb, b_ucT, b_da, DOT, EMU, PREC)
+        b_daT = _dot(b_uc, _dot(b_ducT, b_tm, None, DOT, EMU, PREC), b_daT, DOT, EMU, PREC)  # dvb^T = dU'^T T
+        b_dp = _dot(b_do, b_ucT, b_dp, DOT, EMU, PREC)
+        b_dpT = _dot(b_uc, b_doT, b_dpT, DOT, EMU, PREC)
+
+    b_ge = tl.zeros([BT, BT], dtype=tl.float32)  # K K^T, summed over key blocks
+    for i_k in range(tl.cdiv(DK, BKC)):
+        o_k = i_k * BKC + tl.arange(0, BKC)
+        m_k = o_k < DK
+        b_k = _raw(K_, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK, EMU)  # [BT, BKC]
+        b_kT = _raw(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU)  # [BKC, BT]
+        b_ge = _dot(b_k, b_kT, b_ge, DOT, EMU, PREC)
+    causal = (o_t[:, None] >= o_t[None, :]) & m_t[:, None]
+    causal_t = (o_t[None, :] >= o_t[:, None]) & m_t[None, :]
+    b_e = tl.exp(tl.where(causal, b_b[:, None] - b_b[None, :], 0.0))  # exp(b_i - b_j), j <= i (masked below)
+    b_eT = tl.exp(tl.where(causal_t, b_b[None, :] - b_b[:, None], 0.0))  # [i, j] = exp(b_j - b_i), i <= j
+    b_ge = b_ge * b_e  # A = beta_i * this, below the diagonal
+    b_da = tl.where(o_t[:, None] > o_t[None, :], -b_da, 0.0)  # dA
+    b_dbeta += tl.sum(b_da * b_ge, axis=1)
+    b_y = b_da * b_ge * b_beta[:, None]  # dA * A: b_i's share (row sums) and b_j's (column sums)
+    b_db = tl.sum(b_y, axis=1) - tl.sum(b_y, axis=0)
+    # D + D^T (D = dA * beta_i exp(b_i - b_j)): A's factor k_i . k_j, both ways
+    b_dd = b_da * b_e * b_beta[:, None] + tl.where(o_t[:, None] < o_t[None, :], -b_daT, 0.0) * b_eT * b_beta[None, :]
+    b_dpT = tl.where(causal_t, b_dpT * b_eT * scale, 0.0)  # [j, i] = dP[i, j]
+    b_dp = tl.where(causal, b_dp * b_e * scale, 0.0)  # dP = scale dO U'^T * exp(b_i - b_j)
+    # Only dots read these from here on: rounded once, they hold half the registers through the key blocks.
+    b_dd, b_dp, b_dpT = rnd(b_dd, DOT, EMU), rnd(b_dp, DOT, EMU), rnd(b_dpT, DOT, EMU)
+
     b_bl = tl.sum(tl.where(o_t == n_rows - 1, b_b, 0.0), axis=0)
     b_eb = tl.exp(b_b)
     b_el = tl.exp(tl.where(m_t, b_bl - b_b, 0.0))
-    b_kw = _scalar_col(Beta, rows, m_t, i_hv, HV) * b_eb  # w's row factor beta exp(b)
-    b_dbeta = tl.load(DBeta1 + rows * HV + i_hv, mask=m_t, other=0.0)
-    b_db = tl.load(DB1 + rows * HV + i_hv, mask=m_t, other=0.0)
+    b_kw = b_beta * b_eb  # w's row factor beta exp(b)
     b_hdh = 0.0  # sum(S * dH)
     b_kdks = 0.0  # sum(K * (U' dH^T) * exp(b_L - b))
-    p_tt = (i_t.to(tl.int64) * HV + i_hv) * (BT * BT)
     for i_k in range(tl.cdiv(DK, BKC)):
         o_k = i_k * BKC + tl.arange(0, BKC)
         m_k = o_k < DK
         m_tk = m_t[:, None] & m_k[None, :]
         b_dq = tl.zeros([BT, BKC], dtype=tl.float32)  # dO S^T
         b_dks = tl.zeros([BT, BKC], dtype=tl.float32)  # U' dH^T
-        b_dkw = tl.zeros([BT, BKC], dtype=tl.float32)  # dvb S^T = -(T^T dw)
+        b_dus = tl.zeros([BT, BKC], dtype=tl.float32)  # dU' S^T (T^T dw = -T^T this)
         b_hdh_k = tl.zeros([BKC], dtype=tl.float32)
         for i_v in range(tl.cdiv(DV, BV)):
             o_v = i_v * BV + tl.arange(0, BV)
             m_v = o_v < DV
             m_tv = m_t[:, None] & m_v[None, :]
-            b_do = tile(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
-            b_uc = tile(UC, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)
-            b_dvb = tile(DVB, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)
+            b_do = _raw(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)  # [BT, BV]
+            b_uc = _raw(UC, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)
+            b_duc = _raw(DUC, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)
             b_hT = state_at(Hs, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)
             b_dhT = state_at(DHE, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)
             b_dq = _dot(b_do, b_hT, b_dq, DOT, EMU, PREC)
             b_dks = _dot(b_uc, b_dhT, b_dks, DOT, EMU, PREC)
-            b_dkw = _dot(b_dvb, b_hT, b_dkw, DOT, EMU, PREC)
-            b_hdh_k += tl.sum(b_hT * b_dhT, axis=0)
+            b_dus = _dot(b_duc, b_hT, b_dus, DOT, EMU, PREC)
+            b_hdh_k += tl.sum(b_hT.to(tl.float32) * b_dhT.to(tl.float32), axis=0)
+        b_dkw = _dot(b_tt, b_dus, None, DOT, EMU, PREC)  # dvb S^T = -(T^T dw)
         b_q = tile(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)  # [BT, BKC]
         b_k = tile(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)
-        b_dp = tl.load(DP + p_tt + o_t[:, None] * BT + o_t[None, :])  # [i, j]
         b_dq = _dot(b_dp, b_k, b_dq * (b_eb * scale)[:, None], DOT, EMU, PREC)
-        b_dpT = tl.load(DP + p_tt + o_t[None, :] * BT + o_t[:, None])  # [j, i] = dP[i, j]
         b_dkp = _dot(b_dpT, b_q, None, DOT, EMU, PREC)  # the keys' share of the output's scores
         b_dks = b_dks * b_el[:, None]  # ... and of the state at the chunk's end
-        # D K + D^T K: A's factor k_i . k_j, both ways
-        b_dd = tl.load(DD + p_tt + o_t[:, None] * BT + o_t[None, :])
-        b_dd += tl.load(DD + p_tt + o_t[None, :] * BT + o_t[:, None])
         b_dk = _dot(b_dd, b_k, b_dkp + b_dks - b_dkw * b_kw[:, None], DOT, EMU, PREC)
         b_kdkw = tl.sum(b_k * b_dkw, axis=1)  # k . (T^T dw), negated
         b_dbeta -= b_eb * b_kdkw

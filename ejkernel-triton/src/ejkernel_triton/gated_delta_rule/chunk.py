@@ -17,15 +17,17 @@ operands at three tf32 passes (``ieee`` in the interpreter, where bfloat16 opera
 
 Gradients: ``jax.custom_vjp`` (residuals: the inputs only). The backward reruns the forward's first two launches
 with its own chunk size (``w``, ``u``, ``T``, ``U'`` and the state at each chunk's start), then the reverse pass of
-the state's gradient (``dU'``, the gradient at each chunk's end, the initial state's; the share of ``dU'`` that
-needs no state is computed before it, every chunk in parallel), the WY representation's backward (``dv``) and
-``dq``, ``dk``, ``dg``, ``dbeta``. The backward's dots take bfloat16 operands for bfloat16 inputs (float32
-accumulation; the states, their gradients and every sum stay float32; in the interpreter, float32 dots of the
-rounded operands), float32 ones at three tf32 passes for other inputs; its rerun of the forward's first two launches
-too (storing float32). Its memory: the per-chunk states and their gradients, ``2 (T / C) * HV * K * V`` float32 per
-batch row, and ``O(T HV (K + V + C))``. Launch parameters: :class:`~ejkernel_triton.gla.chunk.ChunkFwdParams` and
-:class:`~ejkernel_triton.gla.chunk.ChunkBwdParams` (``chunk_size``, ``block_v``, warps, stages; ``block_k`` is the
-whole padded head dim here). Declined (``supports``): head dims above 256 (key dims above 128 on a GPU), dtypes
+the state's gradient (``dU'``, the gradient at each chunk's end, the initial state's; ``dU'``'s share that needs no
+state comes from the tiles each step loads anyway), then one launch for every chunk in parallel: the WY
+representation's backward and ``dq``, ``dk``, ``dv``, ``dg``, ``dbeta``. The backward's dots take bfloat16 operands
+for bfloat16 inputs (float32 accumulation; ``q``, ``k`` go to the kernels normalized in float32, then rounded, as in
+the forward; every sum and the states in registers stay float32; in the interpreter, float32 dots of the rounded
+operands), float32 ones at three tf32 passes for other inputs. What only those dots read between launches (``w``,
+``U'``, ``dU'``, the states and their gradients at the chunks' ends) is stored in the dots' operand dtype, as the
+forward stores its own. Its memory: the per-chunk states and their gradients, ``2 (T / C) * HV * K * V`` in that
+dtype per batch row, and ``O(T HV (K + V + C))``. Launch parameters:
+:class:`~ejkernel_triton.gla.chunk.ChunkFwdParams` and :class:`~ejkernel_triton.gla.chunk.ChunkBwdParams`
+(``chunk_size``, ``block_v``, warps, stages; ``block_k`` is the whole padded head dim here). Declined (``supports``): head dims above 256 (key dims above 128 on a GPU), dtypes
 other than float32, bfloat16 and float16.
 
 Speed (H200, B4 T4096 H16 K=V=128 bf16, ``use_qk_l2norm``, 2026-12-04, ``benchmarks/gpucheck/gdr_fwd_bwd.py``;
@@ -37,7 +39,13 @@ three kernels): 2.64 and 4.85 ms. The backward's first form (chunks of 64, value
 100 KB in every kernel and took 182 ms; it was restructured (the state-free share of ``dU'`` in its own launch, key
 tiles fed to the dots as loaded, sums over key dims in blocks of 64 channels, bfloat16 dot operands for bfloat16
 inputs) with chunks of 32, value blocks of 32 and 4 warps (ptxas for sm_90: no spills for bfloat16 inputs but 16-40
-bytes in ``delta_bwd_qk``). Registered above XLA on GPUs, below the fused recurrent decode kernel.
+bytes in ``delta_bwd_qk``); the H200's per-kernel profile of that form (about 2.9 ms of kernels): 1.0 ms in the dq/dk
+launch, 0.66 in the reverse state pass, 0.44 in the WY backward, 0.36 and 0.33 in the rerun of the forward's first two
+launches, 0.21 in the state-free share of ``dU'``. Since then (not yet timed on a GPU): the intermediates that only
+dots read are stored in bfloat16 (half the bytes of the per-chunk states and their gradients, the largest arrays), the
+state-free share of ``dU'`` moved into the reverse state pass, which prefetches its tiles now (two stages), and the WY
+backward and the dq/dk launch are one (no ``dvb``, ``dP``, ``D`` round trips); six launches became four (ptxas for
+sm_90: no spills for bfloat16 inputs). Registered above XLA on GPUs, below the fused recurrent decode kernel.
 
 Importing this module does not import Triton.
 """
@@ -64,6 +72,7 @@ __all__ = ["candidate_cfgs", "gated_delta_rule", "heuristic_cfg", "supports"]
 OP = "gated_delta_rule"
 _DUMMY_F32 = np.zeros((1,), np.float32)
 _BLOCK_KC = 64  # key channels per step of the backward's per-chunk kernels (their sums over key dims loop)
+_BLOCK_VG = 16  # value channels per step of delta_bwd_grads (at 32 ptxas spilled 36 bytes for sm_90 at 255 registers)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -75,9 +84,12 @@ class Plan:
 
 
 def _plan(dk: int, dv: int, p: ChunkFwdParams | ChunkBwdParams) -> Plan:
-    """``p``'s fields, else the heuristic's: chunks of 32 (16 in the interpreter), value blocks of 64 channels
-    for the forward and 32 for the backward (all of them in the interpreter), 4 warps (the backward: 2 at chunks
-    of 64, where fla saw its WY backward miscompiled on Hopper at 4), 2 stages. ``block_k``: the kernels take the
+    """``p``'s fields, else the heuristic's: chunks of 64 for the forward and 32 for the backward (16 in the
+    interpreter), value blocks of 64 channels for the forward and 32 for the backward (all of them in the
+    interpreter), 4 warps (the backward: 2 at chunks of 64, where fla saw its WY backward miscompiled on Hopper at
+    4), 2 stages for the forward and 3 for the backward (on the H200, 2026-12-04,
+    ``benchmarks/results/2026-12-04-h200-gdr-fwd-bwd-3.log``: forward 0.80 ms at chunks of 64 against 0.95 at 32;
+    the four-launch backward's forward+backward 2.65 ms at 3 stages, 2.86 at 2, 3.19 at 1). ``block_k``: the kernels take the
     whole padded key dim, so any other value is refused rather than ignored.
 
     Measured on the H200 (B4 T4096 H16 K=V=128, the forward's three launches timed one by one,
@@ -91,10 +103,11 @@ def _plan(dk: int, dv: int, p: ChunkFwdParams | ChunkBwdParams) -> Plan:
     and 64 with 4 warps: 214; float32 inputs: 96 bytes spilled in ``delta_prep``, 708 in the state pass, 256 in
     ``delta_output``, about as before). The backward's old default (chunks of 64, value blocks of 64, 2 warps) was
     checked on the GPU and was slow: every kernel spilled (over 100 KB each). The backward's default now (chunks of
-    32, value blocks of 32, 4 warps; 3.75 ms forward+backward on the H200, the fastest of the candidates) is chosen
-    by ptxas's reports for sm_90 at K = V = 128: no spills for bfloat16 inputs but 40 bytes in ``delta_bwd_qk``; for
-    float32 inputs (three tf32 passes) 648 bytes in the state pass, 332 in ``delta_bwd_qk`` and 32 in
-    ``delta_bwd_wy`` (module docstring)."""
+    32, value blocks of 32, 4 warps; its six-launch form took 3.75 ms forward+backward on the H200, the fastest of
+    the candidates) is chosen by ptxas's reports for sm_90 at K = V = 128. Its four-launch form (module docstring),
+    bfloat16 inputs: no spills (``delta_bwd_grads`` 255 registers, its value blocks capped at 16 channels; the
+    reverse state pass 230 at two stages); float32 inputs (three tf32 passes): 1352 bytes spilled in the reverse
+    state pass (one stage), 452 in ``delta_bwd_grads``, 104 in ``delta_prep`` and 348 in the state pass."""
     if p.block_k is not None and p.block_k != _pow2(dk):
         raise ValueError(
             f"ejkernel-triton {OP} (chunked): {type(p).__name__}.block_k must be None or {_pow2(dk)} (the whole "
@@ -102,12 +115,12 @@ def _plan(dk: int, dv: int, p: ChunkFwdParams | ChunkBwdParams) -> Plan:
         )
     bwd = isinstance(p, ChunkBwdParams)
     bv = _pow2(dv) if interpreting() else min(32 if bwd else 64, _pow2(dv))
-    chunk = p.chunk_size or (16 if interpreting() else 32)
+    chunk = p.chunk_size or (16 if interpreting() else 32 if bwd else 64)
     return Plan(
         chunk,
         min(p.block_v or bv, _pow2(dv)),
         p.num_warps or (2 if bwd and chunk == 64 else 4),
-        p.num_stages or (1 if interpreting() else 2),
+        p.num_stages or (1 if interpreting() else 3 if bwd else 2),
     )
 
 
@@ -123,13 +136,14 @@ def heuristic_cfg(inv: Any, stage: str = "fwd") -> ChunkFwdParams | ChunkBwdPara
 
 def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[ChunkBwdParams]:
     """The heuristic's first; then chunks of 32 or 64, value blocks of 32 or 64, 4 or 8 warps (the backward:
-    chunks of 32 with value blocks of 32 or 64 at 4 or 8 warps, and chunks of 16 with value blocks of 32 at 4
-    warps, where no kernel of the backward spills on sm_90 for bfloat16 inputs; 3.8-5.8 ms on the H200)."""
+    chunks of 32 with value blocks of 16 at 4 warps (twice the state passes' programs), 32 or 64 at 4 or 8 warps,
+    and chunks of 16 with value blocks of 32 at 4 warps, where no kernel of the backward spills on sm_90 for
+    bfloat16 inputs; the six-launch form took 3.8-5.8 ms forward+backward on the H200)."""
     base = heuristic_cfg(inv, stage)
     out: list[Any] = [base]
-    others: tuple[tuple[int, int, int], ...] = ((64, 64, 4), (64, 32, 4), (32, 64, 8), (64, 64, 8), (32, 32, 4))
+    others: tuple[tuple[int, int, int], ...] = ((32, 64, 4), (64, 32, 4), (32, 64, 8), (64, 64, 8), (32, 32, 4))
     if stage != "fwd":
-        others = ((16, 32, 4), (32, 32, 8), (32, 64, 4), (32, 64, 8))
+        others = ((32, 16, 4), (16, 32, 4), (32, 32, 8), (32, 64, 4), (32, 64, 8))
     for chunk, bv, warps in others:
         p = dataclasses.replace(base, chunk_size=chunk, block_v=min(bv, base.block_v or bv), num_warps=warps)
         if p not in out:
@@ -290,26 +304,13 @@ def _backward_rows(s: Static, tab: Any, q, k, v, g, beta, h0, do, dht):  # noqa:
     plan = s.bwd
     r, h, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
-    f32 = jnp.float32
-    w, _, b, t, uc, hs, _ = _prologue(plan, tab, k, v, g, beta, h0, True, f32)
+    f32, op = jnp.float32, _operand_dtype(v.dtype)
+    w, _, b, t, uc, hs, _ = _prologue(plan, tab, k, v, g, beta, h0, True, op)
     common = {n: x for n, x in {**_launch_common(plan, h, hv, dk, dv), **_dots(v.dtype)}.items() if n != "TPREC"}
-    blocked = {**{n: x for n, x in common.items() if n != "BK"}, "BKC": min(_BLOCK_KC, _pow2(dk))}
-    rows_v = jax.ShapeDtypeStruct((r, hv, dv), f32)
-    (dvl,) = launch.launch(
-        kern.delta_bwd_dvl,
-        q,
-        k,
-        b,
-        do,
-        tab.cu,
-        tab.seq,
-        tab.off,
-        float(s.scale),
-        out_shape=(rows_v,),
-        grid=(tab.nt * cdiv(dv, plan.block_v), hv),
-        name="ejkernel_gdr_chunk_bwd_dvl",
-        **blocked,
-    )
+    # key blocks of at most 2048 / C channels: at chunks of 64, 64 channels spilled in delta_bwd_grads (sm_90)
+    bkc = min(_BLOCK_KC, _pow2(dk), 2048 // plan.chunk)
+    blocked = {**{n: x for n, x in common.items() if n != "BK"}, "BKC": bkc}
+    rows_v_op = jax.ShapeDtypeStruct((r, hv, dv), op)
     duc, dhe, dh0 = launch.launch(
         kern.delta_state_bwd,
         q,
@@ -317,68 +318,47 @@ def _backward_rows(s: Static, tab: Any, q, k, v, g, beta, h0, do, dht):  # noqa:
         w,
         b,
         do,
-        dvl,
         jnp.asarray(_DUMMY_F32) if dht is None else dht,
         tab.cu,
         tab.off,
         float(s.scale),
         out_shape=(
-            rows_v,
-            jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), f32),
+            rows_v_op,
+            jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), op),
             jax.ShapeDtypeStruct((tab.n, hv, dk, dv), f32),
         ),
         grid=(tab.n * cdiv(dv, plan.block_v), hv),
         name="ejkernel_gdr_chunk_state_bwd",
         HAS_DHT=dht is not None,
-        # one stage: prefetching the next chunk's key tiles into registers made it spill (ptxas for sm_90)
-        **{**common, "num_stages": 1},
+        BKC=bkc,
+        # float32 operands at three tf32 passes: one stage (prefetching the next chunk's tiles made the state pass
+        # spill 2 KB for sm_90, 1.3 KB at one stage); bfloat16 ones: the plan's (tiles prefetched into shared memory)
+        **{**common, "num_stages": 1 if common["DOT"] == "fp32" else plan.num_stages},
     )
-    square = jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), f32)
     rows_1 = jax.ShapeDtypeStruct((r, hv), f32)
-    dv_, dvb, dbeta1, db1, dp, dd = launch.launch(
-        kern.delta_bwd_wy,
+    rows_k = jax.ShapeDtypeStruct((r, hv, dk), f32)
+    dq, dk_, dv_, dg, dbeta = launch.launch(
+        kern.delta_bwd_grads,
+        q,
         k,
         v,
         beta,
         b,
         t,
+        hs,
         uc,
         duc,
         do,
-        tab.cu,
-        tab.seq,
-        tab.off,
-        float(s.scale),
-        out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype), rows_v, rows_1, rows_1, square, square),
-        grid=(tab.nt, hv),
-        zeroed_outputs=(0,),  # tokens outside every sequence get no gradient
-        name="ejkernel_gdr_chunk_bwd_wy",
-        **blocked,
-    )
-    dq, dk_, dg, dbeta = launch.launch(
-        kern.delta_bwd_qk,
-        q,
-        k,
-        beta,
-        b,
-        hs,
-        uc,
-        do,
         dhe,
-        dvb,
-        dbeta1,
-        db1,
-        dp,
-        dd,
         tab.cu,
         tab.seq,
         tab.off,
         float(s.scale),
-        out_shape=(jax.ShapeDtypeStruct((r, hv, dk), f32), jax.ShapeDtypeStruct((r, hv, dk), f32), rows_1, rows_1),
+        out_shape=(rows_k, rows_k, jax.ShapeDtypeStruct(v.shape, v.dtype), rows_1, rows_1),
         grid=(tab.nt, hv),
-        zeroed_outputs=(0, 1, 2, 3),
-        name="ejkernel_gdr_chunk_bwd_qk",
-        **blocked,
+        zeroed_outputs=(0, 1, 2, 3, 4),  # tokens outside every sequence get no gradient
+        name="ejkernel_gdr_chunk_bwd_grads",
+        **{**blocked, "BV": min(_BLOCK_VG, plan.block_v)},
     )
     return dq, dk_, dv_, dg, dbeta, dh0
 
@@ -451,6 +431,7 @@ def _forward(s: Static, q, k, v, g, beta, h0, cu):  # noqa: ANN001, ANN202
 def _backward(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:
     q_in, k_in, v, g, beta, h0, cu = res
     (q, k), qk_vjp = jax.vjp(functools.partial(_kernel_qk, s.use_qk_l2norm), q_in, k_in)
+    q, k = q.astype(_operand_dtype(v.dtype)), k.astype(_operand_dtype(v.dtype))  # as the forward's kernels took them
     do = cotangents[0]
     dht = cotangents[1].astype(jnp.float32) if s.output_final_state else None  # else the final state is dropped
     has_h0, has_dht = h0 is not None, dht is not None

@@ -4,7 +4,8 @@ Tokens are cut into chunks of ``chunk_size`` (every packed sequence starts a new
 launches: the chunk-local cumulative gates, the state at every chunk's start (one sequential pass over the
 chunks per sequence, value head and state tile), the intra-chunk scores and the output. The backward
 (``jax.custom_vjp``, residuals: the inputs and, when both passes cut the same chunks, the forward's intra-chunk
-scores ``A``) recomputes the gates and the states (and ``A`` otherwise) and runs the reverse state-gradient pass,
+scores ``A`` and its cumulative gates in place of float32 gates) recomputes the states (and the gates and ``A``
+otherwise) and runs the reverse state-gradient pass,
 ``dA``, ``dv``, the intra-chunk shares of ``dq``/``dk``, then ``dq``/``dk`` and the gates' gradient (chunk by
 chunk, from the states and their gradients: no reverse cumulative sum over the sequence). Its memory: the per-chunk
 states and their gradients, ``2 (T / C) * HV * K * V`` float32 per batch row, and ``O(T (K + V + C))``; the
@@ -50,10 +51,8 @@ OP = "gla"
 _MAX_HEAD_DIM = 256
 _DTYPES = ("float32", "bfloat16", "float16")
 _CHUNK_SIZES = (16, 32, 64)
-_SUB_BLOCK = 16  # rows of the intra-chunk sub-blocks (tl.dot's smallest tile)
 _DEFAULT_CHUNK = 64
 _DEFAULT_BLOCK = 64  # key/value channels per program (head dims above it are tiled)
-_DIAG_BLOCK_K = 16  # key channels of one [16, 16, 16] element-wise diagonal sub-block on a GPU
 
 
 # ------------------------------------------------------------------------------------------------
@@ -107,13 +106,12 @@ class ChunkBwdParams(_ChunkParams):
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """One pass's launch: chunk length, key/value tile, diagonal sub-blocks' key channels, warps, stages, and the
-    state passes' tile ``[state_k, state_v]``."""
+    """One pass's launch: chunk length, key/value tile, warps, stages, and the state passes' tile ``[state_k,
+    state_v]``."""
 
     chunk: int
     block_k: int
     block_v: int
-    block_kd: int
     num_warps: int
     num_stages: int
     state_k: int
@@ -175,16 +173,17 @@ def _state_tile(d: Dims) -> tuple[int, int]:
 
 
 def default_plan(d: Dims, stage: str = "fwd") -> Plan:
-    """The heuristic: chunks of 64, key/value tiles of up to 64 x 64 channels (64 x 32 for the backward), state
-    passes' tiles by :func:`_state_tile` (128 x 64 at K = V = 128 with 64 or more sequences x value heads), 8 warps,
-    2 stages: on sm_90 no kernel of either pass spills registers at K = V = 128, for bfloat16 or float32 inputs
-    (``chunk_dqk_inter``, whose operands are split, takes the most: about 255 registers a thread). The diagonal
-    sub-blocks of ``A`` are element-wise ``[16, 16, 16]`` on a GPU; in Triton's interpreter they take the whole key
-    tile (fewer, larger steps run faster there)."""
+    """The heuristic: chunks of 64, key/value tiles of up to 64 x 64 channels, state passes' tiles by
+    :func:`_state_tile` (128 x 64 at K = V = 128 with 64 or more sequences x value heads), 8 warps, 2 stages. With
+    value tiles of 32 for the backward no kernel of either pass spills registers on sm_90 at K = V = 128, for
+    bfloat16 or float32 inputs (``chunk_dqk_inter``, ``chunk_dqk_intra`` and ``chunk_intra_attn``, whose operands
+    are split, take the most: about 245 to 255 registers a thread); 64 was faster all the same on the H200
+    (2026-12-04, B4 T4096 H16 K=V=128 bf16, ``benchmarks/results/2026-12-04-h200-gla-chunk-2.log``: forward +
+    backward 5.68 ms against 6.09)."""
     bk = min(_DEFAULT_BLOCK, _pow2(d.dk))
-    bv = min(_DEFAULT_BLOCK if stage == "fwd" else _DEFAULT_BLOCK // 2, _pow2(d.dv))
+    bv = min(_DEFAULT_BLOCK, _pow2(d.dv))
     sk, sv = _state_tile(d)
-    return Plan(_DEFAULT_CHUNK, bk, bv, bk if interpreting() else _DIAG_BLOCK_K, 8, 2, sk, sv)
+    return Plan(_DEFAULT_CHUNK, bk, bv, 8, 2, sk, sv)
 
 
 def make_plan(d: Dims, p: _ChunkParams, stage: str = "fwd") -> Plan:
@@ -197,7 +196,6 @@ def make_plan(d: Dims, p: _ChunkParams, stage: str = "fwd") -> Plan:
         chunk=p.chunk_size or base.chunk,
         block_k=bk,
         block_v=bv,
-        block_kd=bk if interpreting() else base.block_kd,
         num_warps=p.num_warps or base.num_warps,
         num_stages=p.num_stages or base.num_stages,
         state_k=base.state_k,
@@ -205,10 +203,16 @@ def make_plan(d: Dims, p: _ChunkParams, stage: str = "fwd") -> Plan:
     )
 
 
-def _sub_warps(plan: Plan) -> int:
-    """Warps of the kernels on ``[16, *]`` sub-block tiles (``chunk_intra_attn``, ``chunk_dqk_intra``): half the
-    plan's, at least 1 (their tiles are a quarter of the others' at chunks of 64; checked on an H200)."""
-    return max(1, plan.num_warps // 2)
+def _levels(plan: Plan) -> int:
+    """Levels of the intra-chunk pairs (``_chunk_kernels.level``): log2 of the chunk length."""
+    return plan.chunk.bit_length() - 1
+
+
+def _level_warps(plan: Plan) -> int:
+    """Warps of the kernels that take the intra-chunk pairs level by level (``chunk_intra_attn``,
+    ``chunk_dqk_intra``): the plan's, at least one per 8 rows of a chunk (at 4 warps, chunks of 64 spill registers
+    on sm_90)."""
+    return max(plan.num_warps, plan.chunk // 8)
 
 
 def _params(cls: type[_ChunkParams], plan: Plan) -> Any:
@@ -222,18 +226,30 @@ def _params(cls: type[_ChunkParams], plan: Plan) -> Any:
 
 
 def _candidate_plans(d: Dims, stage: str = "fwd") -> list[Plan]:
-    """The heuristic's plan first; in Triton's interpreter one other (chunks of 16: one sub-block per chunk), on a
-    GPU chunks of 64 and 32 with value tiles of 32 and 64 channels and 8 or 4 warps (8 plans at K = V = 128)."""
+    """The heuristic's plan first; in Triton's interpreter one other (chunks of 16), on a GPU chunks of 64 and 32
+    with value tiles of 32 and 64 channels (and 128 for the forward: ``chunk_output`` then reads ``q`` and the
+    gates once per chunk), key tiles of the heuristic's and 32 channels for the backward (32: about half the
+    registers of ``chunk_dqk_inter``, two programs per SM), 8 or 4 warps (12 plans at K = V = 128 for the forward,
+    16 for the backward)."""
     base = default_plan(d, stage)
     if interpreting():
         return [base, dataclasses.replace(base, chunk=16)]
     out = [base]
+    key_tiles = (base.block_k,) if stage == "fwd" else (base.block_k, 32)
+    value_tiles = (32, 64, 128) if stage == "fwd" else (32, 64)
     for chunk in (64, 32):
-        for bv in (32, 64):
-            for warps in (8, 4):
-                plan = dataclasses.replace(base, chunk=chunk, block_v=min(bv, _pow2(d.dv)), num_warps=warps)
-                if plan not in out:
-                    out.append(plan)
+        for bk in key_tiles:
+            for bv in value_tiles:
+                for warps in (8, 4):
+                    plan = dataclasses.replace(
+                        base,
+                        chunk=chunk,
+                        block_k=min(bk, _pow2(d.dk)),
+                        block_v=min(bv, _pow2(d.dv)),
+                        num_warps=warps,
+                    )
+                    if plan not in out:
+                        out.append(plan)
     return out
 
 
@@ -335,8 +351,10 @@ def _states(
     gc: jax.Array,
     h0: jax.Array | None,
     hs_dtype: Any = jnp.float32,
+    split: bool = True,
 ) -> Any:
-    """``(h [NT, HV, K, V] in hs_dtype, final state [N, HV, K, V] float32)``."""
+    """``(h [NT, HV, K, V] in hs_dtype, final state [N, HV, K, V] float32)``; ``split``: at float32 accuracy
+    (``chunk_state_fwd``'s ``SPLIT``)."""
     from ejkernel_triton import _chunk_kernels as kern
     from ejkernel_triton import launch
 
@@ -367,6 +385,7 @@ def _states(
         BK=plan.state_k,
         BV=plan.state_v,
         HAS_H0=h0 is not None,
+        SPLIT=split,
         **_dots(k.dtype),
     )
 
@@ -389,32 +408,35 @@ def _prologue(
     *,
     hs_dtype: Any = jnp.float32,
     a: jax.Array | None = None,
+    gc: jax.Array | None = None,
+    split: bool = True,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
-    """What the forward and the backward both need: the cumulative gates, the chunk states (in ``hs_dtype``), the
-    final state and the intra-chunk scores ``A [NT, HV, C, C]`` (in :func:`_operand_dtype`; ``a`` when given: the
-    forward's, saved for the backward)."""
+    """What the forward and the backward both need: the cumulative gates, the chunk states (in ``hs_dtype``; at
+    float32 accuracy when ``split``), the final state and the intra-chunk scores ``A [NT, HV, C, C]`` (in
+    :func:`_operand_dtype`; ``a`` and ``gc`` when given: the forward's, saved for the backward)."""
     from ejkernel_triton import _chunk_kernels as kern
     from ejkernel_triton import launch
 
     _, h, dk = q.shape
     hv = v.shape[1]
-    (gc,) = launch.launch(
-        kern.chunk_gate_cumsum,
-        g,
-        tab.cu,
-        tab.seq,
-        tab.off,
-        out_shape=(jax.ShapeDtypeStruct(g.shape, jnp.float32),),
-        grid=(tab.nt, hv, cdiv(dk, plan.block_k)),
-        num_warps=plan.num_warps,
-        num_stages=1,
-        name="ejkernel_gla_chunk_gate_cumsum",
-        HV=hv,
-        GK=dk,
-        BT=plan.chunk,
-        BK=plan.block_k,
-    )
-    hs, ht = _states(plan, tab, k, v, gc, h0, hs_dtype)
+    if gc is None:
+        (gc,) = launch.launch(
+            kern.chunk_gate_cumsum,
+            g,
+            tab.cu,
+            tab.seq,
+            tab.off,
+            out_shape=(jax.ShapeDtypeStruct(g.shape, jnp.float32),),
+            grid=(tab.nt, hv, cdiv(dk, plan.block_k)),
+            num_warps=plan.num_warps,
+            num_stages=1,
+            name="ejkernel_gla_chunk_gate_cumsum",
+            HV=hv,
+            GK=dk,
+            BT=plan.chunk,
+            BK=plan.block_k,
+        )
+    hs, ht = _states(plan, tab, k, v, gc, h0, hs_dtype, split)
     if a is not None:
         return gc, hs, ht, a
     (a,) = launch.launch(
@@ -427,8 +449,8 @@ def _prologue(
         tab.off,
         float(s.scale),
         out_shape=(jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), _operand_dtype(q.dtype)),),
-        grid=(tab.nt * (plan.chunk // _SUB_BLOCK), hv),
-        num_warps=_sub_warps(plan),
+        grid=(tab.nt, hv),
+        num_warps=_level_warps(plan),
         num_stages=plan.num_stages,
         name="ejkernel_gla_chunk_intra_attn",
         H=h,
@@ -436,9 +458,8 @@ def _prologue(
         DK=dk,
         GK=dk,
         BT=plan.chunk,
-        BC=_SUB_BLOCK,
         BK=plan.block_k,
-        BKD=plan.block_kd,
+        LEVELS=_levels(plan),
         **_dots(q.dtype),
     )
     return gc, hs, ht, a
@@ -451,16 +472,20 @@ def _rows(x: jax.Array) -> jax.Array:
 
 def _forward_rows(
     s: Static, tab: _Table, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, h0: jax.Array | None
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``(o [R, HV, V], final state, A [NT, HV, C, C])`` of token rows laid out by ``tab``."""
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``(o [R, HV, V], final state, A [NT, HV, C, C], cumulative gates [R, HV, K] float32)`` of token rows laid out
+    by ``tab``."""
     from ejkernel_triton import _chunk_kernels as kern
     from ejkernel_triton import launch
 
     plan = s.fwd
     _, h, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
-    # The chunk states only feed the output's dots here: stored as those round them.
-    gc, hs, ht, a = _prologue(s, plan, tab, q, k, v, g, h0, hs_dtype=_operand_dtype(q.dtype))
+    # The chunk states only feed the output's dots here: stored as those round them, and computed at float32
+    # accuracy (one more product per chunk) only for a final state that is returned.
+    gc, hs, ht, a = _prologue(
+        s, plan, tab, q, k, v, g, h0, hs_dtype=_operand_dtype(q.dtype), split=s.output_final_state
+    )
     (o,) = launch.launch(
         kern.chunk_output,
         q,
@@ -488,7 +513,7 @@ def _forward_rows(
         BV=plan.block_v,
         **_dots(q.dtype),
     )
-    return o, ht, a
+    return o, ht, a, gc
 
 
 def _backward_rows(
@@ -502,16 +527,18 @@ def _backward_rows(
     do: jax.Array,
     dht: jax.Array | None,
     a: jax.Array | None = None,
+    gc: jax.Array | None = None,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """``(dq, dk [R, HV, K] per value head (float32 when grouped, else q's dtype), dv [R, HV, V], dg [R, HV, K] float32,
-    dh0 [N, HV, K, V])``; ``a``: the forward's intra-chunk scores (same chunks), else recomputed."""
+    dh0 [N, HV, K, V])``; ``a``, ``gc``: the forward's intra-chunk scores and cumulative gates (same chunks), else
+    recomputed (``g`` is read only then)."""
     from ejkernel_triton import _chunk_kernels as kern
     from ejkernel_triton import launch
 
     plan = s.bwd
     _, h, dk = q.shape
     r, hv, dv = v.shape
-    gc, hs, _, a = _prologue(s, plan, tab, q, k, v, g, h0, a=a)
+    gc, hs, _, a = _prologue(s, plan, tab, q, k, v, g, h0, a=a, gc=gc)
     common: dict[str, Any] = {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
     sizes: dict[str, Any] = {"HV": hv, "BT": plan.chunk, **_dots(q.dtype)}
     f32 = jnp.float32
@@ -580,6 +607,9 @@ def _backward_rows(
         **common,
     )
     per_head = jax.ShapeDtypeStruct((r, hv, dk), f32)
+    # chunk_dqk_intra's float32 dots (three tf32 passes) spill registers unless dq and dk take programs of their
+    # own (PARTS) with key tiles of at most 32 channels
+    parts, bk_intra = (2, min(plan.block_k, 32)) if _DOT[np.dtype(q.dtype).name] == "fp32" else (1, plan.block_k)
     dqi, dki = launch.launch(
         kern.chunk_dqk_intra,
         q,
@@ -590,15 +620,15 @@ def _backward_rows(
         tab.seq,
         tab.off,
         out_shape=(per_head, per_head),
-        grid=(tab.nt * (plan.chunk // _SUB_BLOCK) * cdiv(dk, plan.block_k), hv),
+        grid=(tab.nt * parts * cdiv(dk, bk_intra), hv),
         name="ejkernel_gla_chunk_dqk_intra",
         H=h,
         DK=dk,
         GK=dk,
-        BC=_SUB_BLOCK,
-        BK=plan.block_k,
-        BKD=plan.block_kd,  # below BK (a GPU's): the diagonal sub-blocks column by column
-        num_warps=_sub_warps(plan),
+        BK=bk_intra,
+        LEVELS=_levels(plan),
+        PARTS=parts,
+        num_warps=_level_warps(plan),
         num_stages=plan.num_stages,
         **sizes,
     )
@@ -649,11 +679,11 @@ def _group_sum(x: jax.Array, h: int) -> jax.Array:
 def _forward_dense(s: Static, has_h0: bool, q, k, v, g, h0):  # noqa: ANN001, ANN202
     b, t = q.shape[:2]
     tab = _chunk_table(b, t, s.fwd.chunk, None)
-    o, ht, a = _forward_rows(s, tab, _rows(q), _rows(k), _rows(v), _rows(g), h0 if has_h0 else None)
-    return o.reshape(v.shape[:3] + (o.shape[-1],)), ht, a.reshape(b, tab.nt // b, *a.shape[1:])
+    o, ht, a, gc = _forward_rows(s, tab, _rows(q), _rows(k), _rows(v), _rows(g), h0 if has_h0 else None)
+    return o.reshape(v.shape[:3] + (o.shape[-1],)), ht, a.reshape(b, tab.nt // b, *a.shape[1:]), gc.reshape(g.shape)
 
 
-def _backward_dense(s: Static, has_h0: bool, has_dht: bool, has_a: bool, q, k, v, g, h0, do, dht, a):  # noqa: ANN001, ANN202
+def _backward_dense(s: Static, has_h0: bool, has_dht: bool, has_a: bool, has_gc: bool, q, k, v, g, h0, do, dht, a):  # noqa: ANN001, ANN202
     b, t, h, dk = q.shape
     tab = _chunk_table(b, t, s.bwd.chunk, None)
     dq, dk_, dv, dg, dh0 = _backward_rows(
@@ -667,6 +697,7 @@ def _backward_dense(s: Static, has_h0: bool, has_dht: bool, has_a: bool, q, k, v
         _rows(do),
         dht if has_dht else None,
         _rows(a) if has_a else None,
+        _rows(g) if has_gc else None,
     )
     return (
         _group_sum(dq, h).reshape(q.shape),
@@ -678,8 +709,9 @@ def _backward_dense(s: Static, has_h0: bool, has_dht: bool, has_a: bool, q, k, v
 
 
 def _forward(s: Static, q, k, v, g, h0, cu):  # noqa: ANN001, ANN202
-    """``(o, final state, A)`` (``A [B, NT / B, HV, C, C]`` dense, ``[NT, HV, C, C]`` packed: the backward's
-    residual); dense calls fold ``vmap`` into the batch, packed ones run once per element."""
+    """``(o, final state, A, cumulative gates)`` (``A [B, NT / B, HV, C, C]`` dense, ``[NT, HV, C, C]`` packed, and
+    the gates in ``g``'s shape: the backward's residuals); dense calls fold ``vmap`` into the batch, packed ones run
+    once per element."""
     h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0.astype(jnp.float32)
     if cu is None:
         run = fold_vmap(
@@ -688,8 +720,8 @@ def _forward(s: Static, q, k, v, g, h0, cu):  # noqa: ANN001, ANN202
         return run(q, k, v, g, h0_)
     t = q.shape[1]
     tab = _chunk_table(1, t, s.fwd.chunk, cu)
-    o, ht, a = _forward_rows(s, tab, q[0], k[0], v[0], g[0], h0_ if h0 is not None else None)
-    return o[None], ht, a
+    o, ht, a, gc = _forward_rows(s, tab, q[0], k[0], v[0], g[0], h0_ if h0 is not None else None)
+    return o[None], ht, a, gc[None]
 
 
 def _backward(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:
@@ -697,11 +729,12 @@ def _backward(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]
     do = cotangents[0]
     dht = cotangents[1].astype(jnp.float32) if s.output_final_state else None
     has_h0, has_dht, has_a = h0 is not None, dht is not None, a is not None
+    has_gc = _keeps_gates(s, g.dtype)  # then g holds the forward's cumulative gates
     h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0.astype(jnp.float32)
     dht_ = jnp.asarray(_DUMMY_F32) if dht is None else dht
     if cu is None:
         run = fold_vmap(
-            functools.partial(_backward_dense, s, has_h0, has_dht, has_a),
+            functools.partial(_backward_dense, s, has_h0, has_dht, has_a, has_gc),
             (0, 0, 0, 0, 0 if has_h0 else None, 0, 0 if has_dht else None, 0 if has_a else None),
             0,
         )
@@ -710,7 +743,17 @@ def _backward(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]
         b, t, h, _ = q.shape
         tab = _chunk_table(1, t, s.bwd.chunk, cu)
         dq, dk, dv, dg, dh0 = _backward_rows(
-            s, tab, q[0], k[0], v[0], g[0], h0_ if has_h0 else None, do[0], dht_ if has_dht else None, a
+            s,
+            tab,
+            q[0],
+            k[0],
+            v[0],
+            g[0],
+            h0_ if has_h0 else None,
+            do[0],
+            dht_ if has_dht else None,
+            a,
+            g[0] if has_gc else None,
         )
         dq, dk = _group_sum(dq, h)[None], _group_sum(dk, h)[None]
         dv, dg = dv[None], dg[None]
@@ -736,15 +779,23 @@ def chunk_gla(
 ) -> tuple[jax.Array, jax.Array]:
     """``(o, final state)`` by the chunked kernels (forward and backward, module docstring); ``cu`` gets no
     gradient, ``h0`` any float dtype (its gradient has it)."""
-    o, final, _ = _forward(s, q, k, v, g, h0, cu)
+    o, final, _, _ = _forward(s, q, k, v, g, h0, cu)
     return o, final
+
+
+def _keeps_gates(s: Static, g_dtype: Any) -> bool:
+    """Whether the residuals hold the forward's cumulative gates in place of float32 gates ``g`` (same size; the
+    backward then skips their cumulative sum): when both passes cut the same chunks."""
+    return s.bwd.chunk == s.fwd.chunk and np.dtype(g_dtype) == np.float32
 
 
 def _chunk_gla_fwd(s: Static, q, k, v, g, h0, cu):  # noqa: ANN001, ANN202
     """Residuals: the inputs and, when both passes cut the same chunks, the forward's intra-chunk scores ``A``
-    (the backward needs them too; ``(T / C) * HV * C * C`` per batch row, bfloat16 for bfloat16 inputs)."""
-    o, final, a = _forward(s, q, k, v, g, h0, cu)
-    return (o, final), (q, k, v, g, h0, cu, a if s.bwd.chunk == s.fwd.chunk else None)
+    (the backward needs them too; ``(T / C) * HV * C * C`` per batch row, bfloat16 for bfloat16 inputs) and its
+    cumulative gates in place of float32 ``g`` (:func:`_keeps_gates`)."""
+    o, final, a, gc = _forward(s, q, k, v, g, h0, cu)
+    same = s.bwd.chunk == s.fwd.chunk
+    return (o, final), (q, k, v, gc if _keeps_gates(s, g.dtype) else g, h0, cu, a if same else None)
 
 
 chunk_gla.defvjp(_chunk_gla_fwd, _backward)
