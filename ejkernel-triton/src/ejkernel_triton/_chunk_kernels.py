@@ -139,8 +139,9 @@ def gate(G, rows, cols, mask, i_hv, HV: tl.constexpr, GK: tl.constexpr):
 
 @triton.jit
 def state_at(X, i_s, i_hv, o_k, o_v, m_k, m_v, HV: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
-    """Tile ``[len(o_k), len(o_v)]`` of state ``i_s`` of a ``[*, HV, DK, DV]`` float32 array (pass ``o_k[None, :]``
-    and ``o_v[:, None]`` for the transposed tile); masked elements 0."""
+    """Tile ``[len(o_k), len(o_v)]`` of state ``i_s`` of a ``[*, HV, DK, DV]`` array, in its dtype (float32, or
+    bfloat16 where the gdr backward stores its states); pass ``o_k[None, :]`` and ``o_v[:, None]`` for the
+    transposed tile; masked elements 0."""
     base = (i_s.to(tl.int64) * HV + i_hv) * (DK * DV)
     return tl.load(X + base + o_k * DV + o_v, mask=m_k & m_v, other=0.0)
 
