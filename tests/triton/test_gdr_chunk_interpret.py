@@ -220,9 +220,8 @@ def test_candidates_supports_and_registration_below_xla_on_gpus():
         mp.setattr(chunk, "interpreting", lambda: False)
         assert "key dim K=256 > 128" in chunk.supports(wide)
         assert chunk.supports(inv) is None
-        assert (
-            chunk._plan(128, 128, ChunkFwdParams()).chunk == 32 and chunk._plan(128, 128, ChunkBwdParams()).chunk == 32
-        )
+        fwd, bwd = chunk._plan(128, 128, ChunkFwdParams()), chunk._plan(128, 128, ChunkBwdParams())
+        assert (fwd.chunk, fwd.num_stages, bwd.chunk, bwd.num_stages) == (64, 2, 32, 3)  # timed on the H200
         assert (
             chunk._plan(128, 128, ChunkBwdParams()).block_v == 32
             and chunk._plan(128, 128, ChunkFwdParams()).block_v == 64
@@ -242,7 +241,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     assert not launch.INTERPRET
     z = lambda *shape, dt=jnp.bfloat16: jnp.zeros(shape, dt)
     # Each launch compiles for sm_90 and returns zeros. The backward at K = V = 128 only (the largest tiles: the
-    # shared-memory check), at its default (chunks of 32, value blocks of 32, 4 warps) spelled out.
+    # shared-memory check), at its default (chunks of 32, value blocks of 32, 4 warps; 3 stages) spelled out.
     bwd = ChunkBwdParams(chunk_size=32, block_v=32, num_warps=4)
     for b, t, h, hv, dk, dv, grad in ((4, 4096, 16, 16, 128, 128, True), (1, 256, 2, 4, 64, 256, False)):
         args = (z(b, t, h, dk), z(b, t, h, dk), z(b, t, hv, dv), z(b, t, hv, dt=jnp.float32), z(b, t, hv, dt=jnp.float32))
