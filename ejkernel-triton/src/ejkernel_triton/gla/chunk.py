@@ -174,12 +174,13 @@ def _state_tile(d: Dims) -> tuple[int, int]:
 
 def default_plan(d: Dims, stage: str = "fwd") -> Plan:
     """The heuristic: chunks of 64, key/value tiles of up to 64 x 64 channels, state passes' tiles by
-    :func:`_state_tile` (128 x 64 at K = V = 128 with 64 or more sequences x value heads), 8 warps, 2 stages. With
-    value tiles of 32 for the backward no kernel of either pass spills registers on sm_90 at K = V = 128, for
-    bfloat16 or float32 inputs (``chunk_dqk_inter``, ``chunk_dqk_intra`` and ``chunk_intra_attn``, whose operands
-    are split, take the most: about 245 to 255 registers a thread); 64 was faster all the same on the H200
-    (2026-12-04, B4 T4096 H16 K=V=128 bf16, ``benchmarks/results/2026-12-04-h200-gla-chunk-2.log``: forward +
-    backward 5.68 ms against 6.09)."""
+    :func:`_state_tile` (128 x 64 at K = V = 128 with 64 or more sequences x value heads), 8 warps, 2 stages. ptxas
+    for sm_90 at K = V = 128 (2026-12-04): no kernel of either pass spills registers for bfloat16 inputs
+    (``chunk_dqk_inter``, ``chunk_dqk_intra`` and ``chunk_intra_attn``, whose operands are split, take the most:
+    248 to 255 registers a thread); for float32 inputs ``chunk_dqk_inter`` spills 448 bytes (none at the
+    backward's value tiles of 32, its default before; float32 was not timed). Tiles of 64 were the faster on the
+    H200 (B4 T4096 H16 K=V=128 bf16, ``benchmarks/results/2026-12-04-h200-gla-chunk-2.log``: forward + backward
+    5.68 ms against 6.09)."""
     bk = min(_DEFAULT_BLOCK, _pow2(d.dk))
     bv = min(_DEFAULT_BLOCK, _pow2(d.dv))
     sk, sv = _state_tile(d)
