@@ -89,7 +89,9 @@ def _plan(dk: int, dv: int, p: ChunkFwdParams | ChunkBwdParams) -> Plan:
     interpreter), 4 warps (the backward: 2 at chunks of 64, where fla saw its WY backward miscompiled on Hopper at
     4), 2 stages for the forward and 3 for the backward (on the H200, 2026-12-04,
     ``benchmarks/results/2026-12-04-h200-gdr-fwd-bwd-3.log``: forward 0.80 ms at chunks of 64 against 0.95 at 32;
-    the four-launch backward's forward+backward 2.65 ms at 3 stages, 2.86 at 2, 3.19 at 1). ``block_k``: the kernels take the
+    the four-launch backward's forward+backward 2.65 ms at 3 stages, 2.86 at 2, 3.19 at 1; ptxas for sm_90 at
+    these defaults, bfloat16, K = V = 128, ``benchmarks/ptxas_report.py``: no spills but 4 bytes in
+    ``delta_bwd_grads``). ``block_k``: the kernels take the
     whole padded key dim, so any other value is refused rather than ignored.
 
     Measured on the H200 (B4 T4096 H16 K=V=128, the forward's three launches timed one by one,
