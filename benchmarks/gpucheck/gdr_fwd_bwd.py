@@ -1,16 +1,18 @@
 """The gated delta rule's forward+backward on a GPU: XLA's chunked implementation against the Triton chunked one
-at its default and its backward candidates (B4 T4096 H16 K=V=128 bf16, ``use_qk_l2norm``). The gradients of
-``sum(out * cotangent)`` (and the forward's output, under several forward launches) are compared with XLA's (max abs error over max abs, per argument), then timed (median of
-15, ``jax.block_until_ready``). ``ejkernel bench``'s own check of this pass needs the float32 reference's VJP,
+at its default and its backward candidates (B4 T4096 H16 K=V=128 bf16, ``use_qk_l2norm``; ``--shape B,T`` for
+another batch and length, e.g. ``2,16384``). The gradients of ``sum(out * cotangent)`` (and the forward's output,
+under several forward launches) are compared with XLA's (max abs error over max abs, per argument), then timed
+(median of 15, ``jax.block_until_ready``). ``ejkernel bench``'s own check of this pass needs the float32 reference's VJP,
 which holds the state token by token (65 GiB here), hence this script.
 
 Run on the GPU machine after ``bash .ci/gpu setup``: ``PYTHONPATH=/tmp/ejk-site python3
-benchmarks/gpucheck/gdr_fwd_bwd.py``.
+benchmarks/gpucheck/gdr_fwd_bwd.py [--shape B,T]``.
 """
 
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 
 import jax
@@ -22,6 +24,8 @@ from ejkernel_triton.gla.chunk import ChunkBwdParams
 from ejkernel_xla.gated_delta_rule.interface import gated_delta_rule as xla_gdr
 
 B, T, H, K, V = 4, 4096, 16, 128, 128
+if "--shape" in sys.argv:
+    B, T = (int(x) for x in sys.argv[sys.argv.index("--shape") + 1].split(","))
 
 
 def ms(f, *args):
@@ -35,6 +39,7 @@ def ms(f, *args):
 
 
 def main():
+    print(f"B{B} T{T} H{H} K{K} V{V} bfloat16, use_qk_l2norm", flush=True)
     rng = np.random.default_rng(0)
     bf = jnp.bfloat16
     q = jnp.asarray(rng.standard_normal((B, T, H, K)), bf)
@@ -57,7 +62,7 @@ def main():
     want_out = jax.jit(lambda *a: xla_gdr(*a, use_qk_l2norm=True)[0])
     ref_out = want_out(*args).astype(jnp.float32)
     print(f"xla chunked fwd     {ms(want_out, *args):8.3f} ms", flush=True)
-    for c, bv, w in ((0, 0, 0), (64, 64, 4), (32, 64, 8), (64, 64, 8), (32, 32, 4)):
+    for c, bv, w in ((0, 0, 0), (64, 32, 4), (32, 64, 4), (64, 64, 8), (32, 32, 4)):
         p = ChunkFwdParams() if c == 0 else ChunkFwdParams(chunk_size=c, block_v=bv, num_warps=w)
         f = jax.jit(lambda *a, p=p: chunk.gated_delta_rule(*a, use_qk_l2norm=True, fwd_params=p)[0])
         err = float(jnp.max(jnp.abs(f(*args).astype(jnp.float32) - ref_out)) / jnp.max(jnp.abs(ref_out)))
