@@ -140,20 +140,25 @@ def _one_head_inputs(t, *, b=B, n=None, seed=0):
         "slope": jnp.abs(normal(H)),
         "g": -jax.nn.softplus(-normal(b, t, H)),
         "g_k": 0.3 * -jax.nn.softplus(-normal(b, t, H, K)),
+        "g_v": 0.3 * -jax.nn.softplus(-normal(b, t, H, V)),
     }
     return qkv, gates, 0.5 * normal(n or b, H, K, V)
 
 
-@pytest.mark.parametrize("kernels", ["interface", "chunk"])
+_VALUE_GATED = [("recurrent", ("g_v",), False), ("recurrent", ("g", "g_k", "g_v"), True)]
+
+
 @pytest.mark.parametrize(
-    ("op", "gates", "reverse"),
-    [("lightning_attn", ("slope",), False), ("recurrent", ("g",), False), ("recurrent", ("g_k",), True),
-     ("recurrent", ("g", "g_k"), False), ("recurrent", (), True)],
+    ("kernels", "op", "gates", "reverse"),
+    [(kernels, *case) for kernels in ("interface", "chunk") for case in (
+        ("lightning_attn", ("slope",), False), ("recurrent", ("g",), False), ("recurrent", ("g_k",), True),
+        ("recurrent", ("g", "g_k"), False), ("recurrent", (), True))]
+    + [("interface", *case) for case in _VALUE_GATED],
 )  # fmt: skip
 def test_lightning_and_recurrent_fold_their_gates_into_gla(kernels, op, gates, reverse):
-    """``lightning_attn`` and ``recurrent`` (no value gate) on gla's fused recurrent or chunked kernels: outputs,
-    final state, packed sequences (lengths 2, 0, 3; two tokens in none), ``reverse`` (the flipped sequence) and the
-    gradients of every input, the gates included."""
+    """``lightning_attn`` and ``recurrent`` on gla's fused recurrent or chunked kernels (the value gate: fused only):
+    outputs, final state, packed sequences (lengths 2, 0, 3; two tokens in none), ``reverse`` (the flipped sequence)
+    and the gradients of every input, the gates included."""
     import importlib
 
     impl = getattr(importlib.import_module(f"ejkernel_triton.{op}.{kernels}"), op)
@@ -181,13 +186,13 @@ def test_lightning_and_recurrent_fold_their_gates_into_gla(kernels, op, gates, r
             _close(g, w, 1e-4)
 
 
-@pytest.mark.parametrize("kernels", ["interface", "chunk"])
-def test_recurrent_declines_value_gates(kernels):
-    import importlib
-
+def test_chunked_recurrent_declines_value_gates():
+    """The chunked kernels decay the key side only: they decline ``g_v`` (the fused recurrent kernel takes it)."""
     from ejkernel.ops import Invocation
 
-    module = importlib.import_module(f"ejkernel_triton.recurrent.{kernels}")
+    from ejkernel_triton.recurrent import chunk as module
+    from ejkernel_triton.recurrent import interface
+
     sds = jax.ShapeDtypeStruct
     base = {
         "q": sds((1, 2, H, K), jnp.float32),
@@ -197,6 +202,11 @@ def test_recurrent_declines_value_gates(kernels):
     supports = lambda **kw: module.supports(Invocation.create("recurrent", {**base, **kw}, "cpu"))  # noqa: E731
     assert supports(g=sds((1, 2, H), jnp.float32), reverse=True) is None
     assert "g_v" in supports(g_v=sds((1, 2, H, V), jnp.float32))
+    inv = Invocation.create("recurrent", {**base, "g_v": sds((1, 2, H, V), jnp.float32)}, "cpu")
+    assert interface.supports(inv) is None
+    assert "g_v dtype int32" in interface.supports(
+        Invocation.create("recurrent", {**base, "g_v": sds((1, 2, H, V), jnp.int32)}, "cpu")
+    )
     assert "g_k dtype int32 is not supported" in supports(g_k=sds((1, 2, H, K), jnp.int32))
     (q, k, v), _, _ = _one_head_inputs(2)
     with pytest.raises(ValueError, match="g_v"):
@@ -208,7 +218,7 @@ def test_vmap_folds_into_one_launch(monkeypatch):
 
     batches = []
     launch = _recurrent._launch
-    monkeypatch.setattr(_recurrent, "_launch", lambda s, *a: batches.append(a[2].shape[0]) or launch(s, *a))
+    monkeypatch.setattr(_recurrent, "_launch", lambda s, *a: batches.append(a[3].shape[0]) or launch(s, *a))
     args, h0 = _inputs("gated_delta_rule", 2, seed=8)
 
     def f(*xs):

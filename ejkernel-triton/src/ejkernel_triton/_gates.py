@@ -1,8 +1,8 @@
 """``lightning_attn`` and ``recurrent`` on the ``gla`` kernels (fused recurrent or chunked): their gates become
 ``gla``'s key-side log decay, and ``reverse`` becomes a flip of the time axis.
 
-``recurrent``'s ``S_t = exp(g_t) diag(exp(g_k,t)) S_{t-1} + k_t^T v_t`` is ``gla`` with ``g_t + g_k,t`` as its
-per-key log decay, and ``lightning_attn``'s per-head decay ``exp(-slope[h])`` is ``gla`` with ``-slope[h]`` on
+``recurrent``'s ``S_t = exp(g_t) diag(exp(g_k,t)) S_{t-1} diag(exp(g_v,t)) + k_t^T v_t`` is ``gla`` with ``g_t +
+g_k,t`` as its per-key log decay (and, in the fused recurrent kernel, ``g_v,t`` as a per-value one), and ``lightning_attn``'s per-head decay ``exp(-slope[h])`` is ``gla`` with ``-slope[h]`` on
 every key channel. ``reverse=True`` visits tokens from last to first with the same per-token decay, so it is the
 forward recurrence of the flipped sequence: packed sequences (``cu_seqlens``) are flipped as a whole (their order
 reverses, so the initial and final states' rows are flipped too).
@@ -39,12 +39,16 @@ def call_gla(
     v: jax.Array,
     log_decay: jax.Array,
     *,
+    log_decay_v: jax.Array | None = None,
     reverse: bool = False,
     initial_state: jax.Array | None = None,
     cu_seqlens: jax.Array | None = None,
     **options: Any,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """``gla(q, k, v, log_decay, ...)``, the tokens visited backwards when ``reverse`` (see the module)."""
+    """``gla(q, k, v, log_decay, ...)``, the tokens visited backwards when ``reverse`` (see the module). A value
+    gate ``log_decay_v`` goes to ``gla`` as its second gate (only the fused recurrent kernel takes one)."""
+    if log_decay_v is not None:
+        options["g_v"] = jnp.flip(jnp.asarray(log_decay_v), axis=1) if reverse else log_decay_v
     if not reverse:
         return gla(q, k, v, log_decay, initial_state=initial_state, cu_seqlens=cu_seqlens, **options)
     q, k, v, log_decay = (jnp.flip(jnp.asarray(x), axis=1) for x in (q, k, v, log_decay))

@@ -249,12 +249,14 @@ _DUMMY_I32 = np.zeros((1,), np.int32)  # stands for absent cu_seqlens
 
 def _launch(
     s: Static,
+    has_gv: bool,
     has_h0: bool,
     varlen: bool,
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
     g: jax.Array,
+    gv: jax.Array,
     beta: jax.Array,
     h0: jax.Array,
     cu: jax.Array,
@@ -273,6 +275,7 @@ def _launch(
         k,
         v,
         g,
+        gv,
         beta,
         h0,
         cu,
@@ -294,6 +297,7 @@ def _launch(
         BK=_pow2(dk),
         BV=s.plan.block_v,
         DELTA=s.delta,
+        GATE_V=has_gv,
         L2NORM=s.use_qk_l2norm,
         HAS_H0=has_h0,
         STORE_FINAL=s.output_final_state,
@@ -308,32 +312,34 @@ def _forward(
     k: jax.Array,
     v: jax.Array,
     g: jax.Array,
+    gv: jax.Array | None,
     beta: jax.Array | None,
     h0: jax.Array | None,
     cu: jax.Array | None,
 ) -> tuple[jax.Array, ...]:
     """The kernel's ``(o,)`` or ``(o, final state)``. Under ``jax.vmap`` one launch over the folded batch (dense
     calls); packed sequences run once per element (``launch``'s sequential rule)."""
-    has_h0, varlen = h0 is not None, cu is not None
+    has_gv, has_h0, varlen = gv is not None, h0 is not None, cu is not None
+    gv_ = jnp.asarray(_DUMMY_F32) if gv is None else gv
     beta_ = jnp.asarray(_DUMMY_F32) if beta is None else beta
     h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0.astype(jnp.float32)
     if cu is None:
         run = fold_vmap(
-            functools.partial(_launch, s, has_h0, False),
-            (0, 0, 0, 0, None if beta is None else 0, 0 if has_h0 else None, None),
+            functools.partial(_launch, s, has_gv, has_h0, False),
+            (0, 0, 0, 0, 0 if has_gv else None, None if beta is None else 0, 0 if has_h0 else None, None),
             0,
         )
-        return tuple(run(q, k, v, g, beta_, h0_, jnp.asarray(_DUMMY_I32)))
+        return tuple(run(q, k, v, g, gv_, beta_, h0_, jnp.asarray(_DUMMY_I32)))
     cu_ = jnp.clip(cu.astype(jnp.int32), 0, q.shape[1])  # under jit unchecked: never a row outside the call
-    return _launch(s, has_h0, varlen, q, k, v, g, beta_, h0_, cu_)
+    return _launch(s, has_gv, has_h0, varlen, q, k, v, g, gv_, beta_, h0_, cu_)
 
 
 def reference_vjp(s: Any, primals: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:
     """The backward: the VJP of the core's reference recurrence (see the module docstring for its cost). ``s``: the
     call's :class:`Static` (its ``delta``, ``scale``, ``output_final_state`` and ``use_qk_l2norm``); ``primals``
-    ``(q, k, v, g, beta, h0, cu)``."""
-    q, k, v, g, beta, h0, cu = primals
-    diff = {"q": q, "k": k, "v": v, "g": g, "beta": beta, "initial_state": h0}
+    ``(q, k, v, g, gv, beta, h0, cu)``."""
+    q, k, v, g, gv, beta, h0, cu = primals
+    diff = {"q": q, "k": k, "v": v, "g": g, "g_v": gv, "beta": beta, "initial_state": h0}
     diff = {name: x for name, x in diff.items() if x is not None}
 
     def reference(d: dict[str, jax.Array]) -> tuple[jax.Array, ...]:
@@ -347,6 +353,10 @@ def reference_vjp(s: Any, primals: tuple[Any, ...], cotangents: tuple[jax.Array,
             from ejkernel.testing.reference.gated_delta_rule import gated_delta_rule
 
             o, final = gated_delta_rule(d["q"], d["k"], d["v"], d["g"], d["beta"], use_qk_l2norm=s.use_qk_l2norm, **kw)
+        elif "g_v" in d:  # recurrent's value gate (one head count): g is its key-side log decay
+            from ejkernel.testing.reference.recurrent import recurrent
+
+            o, final = recurrent(d["q"], d["k"], d["v"], g_k=d["g"], g_v=d["g_v"], **kw)
         else:
             from ejkernel.testing.reference.gla import gla
 
@@ -356,7 +366,8 @@ def reference_vjp(s: Any, primals: tuple[Any, ...], cotangents: tuple[jax.Array,
     _, vjp = jax.vjp(reference, diff)
     (grads,) = vjp(cotangents)
     return tuple(
-        None if x is None else grads[name] for name, x in zip(("q", "k", "v", "g", "beta", "initial_state"), primals)
+        None if x is None else grads[name]
+        for name, x in zip(("q", "k", "v", "g", "g_v", "beta", "initial_state"), primals, strict=False)
     ) + (None,)
 
 
@@ -367,14 +378,16 @@ def fused_recurrent(
     k: jax.Array,
     v: jax.Array,
     g: jax.Array,
+    gv: jax.Array | None,
     beta: jax.Array | None,
     h0: jax.Array | None,
     cu: jax.Array | None,
 ) -> tuple[jax.Array, ...]:
     """``(o,)``, or ``(o, final state)`` with ``s.output_final_state``: the fused recurrent kernel forward, the
     reference's VJP backward (module docstring). ``beta`` only for ``gated_delta_rule``; ``h0`` any float dtype
-    (its gradient has it); ``cu`` gets no gradient."""
-    return _forward(s, q, k, v, g, beta, h0, cu)
+    (its gradient has it); ``gv`` (``[B, T, HV, V]``, a log decay of the value channels, ``recurrent``'s
+    ``g_v``) only for ``gla``; ``cu`` gets no gradient."""
+    return _forward(s, q, k, v, g, gv, beta, h0, cu)
 
 
 def _fused_recurrent_fwd(
@@ -383,11 +396,12 @@ def _fused_recurrent_fwd(
     k: jax.Array,
     v: jax.Array,
     g: jax.Array,
+    gv: jax.Array | None,
     beta: jax.Array | None,
     h0: jax.Array | None,
     cu: jax.Array | None,
 ) -> tuple[tuple[jax.Array, ...], tuple[Any, ...]]:
-    return _forward(s, q, k, v, g, beta, h0, cu), (q, k, v, g, beta, h0, cu)
+    return _forward(s, q, k, v, g, gv, beta, h0, cu), (q, k, v, g, gv, beta, h0, cu)
 
 
 def _fused_recurrent_bwd(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:

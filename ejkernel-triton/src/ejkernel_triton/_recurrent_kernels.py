@@ -8,19 +8,22 @@ the state tile is carried between tokens, so the state never goes through memory
 Per token (``q``, ``k`` of the value head's query/key head ``hv // (HV // H)``, read in place: no repeat):
 
 * ``gla`` (``DELTA`` off): ``S = diag(exp(g)) S + k^T v``, ``o = scale * q S``, ``g [K]`` per value head;
+  with ``GATE_V`` (``recurrent``'s value gate) also ``S = S diag(exp(g_v))`` before adding ``k^T v``, ``g_v [V]``;
 * ``gated_delta_rule`` (``DELTA`` on): with ``L2NORM`` ``q``, ``k`` divided by ``sqrt(|x|^2 + 1e-6)``;
   ``S = exp(g) S``; ``S += k (beta (v - S^T k))^T``; ``o = scale * S^T q``, ``g`` and ``beta`` scalars.
 
 Layouts (C-contiguous, as the ops take them; ``R = B * T`` rows of tokens):
 
-* ``q``, ``k [R, H, DK]``; ``v [R, HV, DV]``; gates ``g [R, HV, DK]`` (gla) or ``[R, HV]`` (gdr), ``beta [R, HV]``;
+* ``q``, ``k [R, H, DK]``; ``v [R, HV, DV]``; gates ``g [R, HV, DK]`` (gla) or ``[R, HV]`` (gdr), ``g_v [R, HV, DV]``,
+  ``beta [R, HV]``;
 * ``h0``, ``ht [N, HV, DK, DV]`` float32 (``N = B``, or the packed sequences);
 * ``cu [N + 1]`` int32 (``VARLEN``: sequence ``n`` is rows ``[cu[n], cu[n + 1])``, already clamped into
   ``[0, T]``; else sequence ``n`` is rows ``[n T, (n + 1) T)``);
 * ``o [R, HV, DV]`` in its own dtype (the launcher zero-fills it for ``VARLEN``: rows outside every sequence).
 
 Head-dim padding (``DK < BK``, ``DV`` not a multiple of ``BV``) reads as 0 and is never stored; a padded key
-channel keeps a zero state row (its gate reads 0: ``exp(0) * 0``). Every computation is in float32.
+channel keeps a zero state row (its gate reads 0: ``exp(0) * 0``), a padded value channel a zero column. Every
+computation is in float32.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ def fused_recurrent_fwd(
     K,
     V,
     G,
+    GV,
     Beta,
     H0,
     Cu,
@@ -51,6 +55,7 @@ def fused_recurrent_fwd(
     BK: tl.constexpr,
     BV: tl.constexpr,
     DELTA: tl.constexpr,
+    GATE_V: tl.constexpr,
     L2NORM: tl.constexpr,
     HAS_H0: tl.constexpr,
     STORE_FINAL: tl.constexpr,
@@ -97,6 +102,9 @@ def fused_recurrent_fwd(
         else:
             b_g = tl.load(G + (row * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
             b_h = b_h * tl.exp(b_g)[:, None]
+            if GATE_V:
+                b_gv = tl.load(GV + (row * HV + i_hv) * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
+                b_h = b_h * tl.exp(b_gv)[None, :]
         b_h += b_k[:, None] * b_v[None, :]
         b_o = tl.sum(b_h * b_q[:, None], 0) * scale
         tl.store(O + (row * HV + i_hv) * DV + o_v, b_o.to(O.dtype.element_ty), mask=m_v)

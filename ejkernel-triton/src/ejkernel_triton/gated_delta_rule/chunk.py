@@ -73,6 +73,7 @@ OP = "gated_delta_rule"
 _DUMMY_F32 = np.zeros((1,), np.float32)
 _BLOCK_KC = 64  # key channels per step of the backward's per-chunk kernels (their sums over key dims loop)
 _BLOCK_VG = 16  # value channels per step of delta_bwd_grads (at 32 ptxas spilled 36 bytes for sm_90 at 255 registers)
+_WIDE_K = 128  # key dims above: the plans of _plan's docstring (key tiles of 256 channels), chosen for sm_90's shared memory
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,12 +117,18 @@ def _plan(dk: int, dv: int, p: ChunkFwdParams | ChunkBwdParams) -> Plan:
             f"padded key dim K={dk}), got {p.block_k}"
         )
     bwd = isinstance(p, ChunkBwdParams)
-    bv = _pow2(dv) if interpreting() else min(32 if bwd else 64, _pow2(dv))
+    wide = dk > _WIDE_K and not interpreting()  # key tiles of 256 channels: _plan's docstring
+    if interpreting():
+        bv = _pow2(dv)
+    elif wide:
+        bv = min(16 if bwd else 32, _pow2(dv))
+    else:
+        bv = min(32 if bwd else 64, _pow2(dv))
     chunk = p.chunk_size or (16 if interpreting() else 32 if bwd else 64)
     return Plan(
         chunk,
         min(p.block_v or bv, _pow2(dv)),
-        p.num_warps or (2 if bwd and chunk == 64 else 4),
+        p.num_warps or (2 if bwd and chunk == 64 else 8 if wide else 4),
         p.num_stages or (1 if interpreting() else 3 if bwd else 2),
     )
 

@@ -91,5 +91,5 @@ def gated_delta_rule(
     s = Static(True, plan, float(dk**-0.5 if scale is None else scale), bool(output_final_state), bool(use_qk_l2norm))
     h0 = None if initial_state is None else jnp.asarray(initial_state)
     cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens)
-    out = fused_recurrent(s, q, k, v, g, beta, h0, cu)
+    out = fused_recurrent(s, q, k, v, g, None, beta, h0, cu)
     return out[0], (out[1] if output_final_state else None)

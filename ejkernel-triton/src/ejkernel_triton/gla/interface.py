@@ -78,6 +78,36 @@ def gla(
     Shapes: ``q``, ``k [B, T, H, K]``, ``v [B, T, HV, V]``, ``g [B, T, HV, K]``, ``initial_state
     [B or N, HV, K, V]``, ``cu_seqlens [N + 1]``; returns ``(o [B, T, HV, V] in q's dtype, final state float32
     or None)``."""
+    return gated_recurrence(
+        q,
+        k,
+        v,
+        g,
+        scale=scale,
+        initial_state=initial_state,
+        output_final_state=output_final_state,
+        cu_seqlens=cu_seqlens,
+        fwd_params=fwd_params,
+        bwd_params=bwd_params,
+    )
+
+
+def gated_recurrence(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    g_v: jax.Array | None = None,
+    *,
+    scale: float | None = None,
+    initial_state: jax.Array | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: jax.Array | None = None,
+    fwd_params: RecurrentParams | None = None,
+    bwd_params: NoBwdParams | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """:func:`gla`, and with ``g_v [B, T, HV, V]`` also a log decay of the value channels: ``S = diag(exp(g)) S
+    diag(exp(g_v)) + k^T v`` (``recurrent``'s value gate)."""
     p = coerce(RecurrentParams, fwd_params) or RecurrentParams()
     coerce(NoBwdParams, bwd_params)  # checked: a wrong class is an error, never ignored
     q, k, v, g = (jnp.asarray(x) for x in (q, k, v, g))
@@ -87,5 +117,6 @@ def gla(
     s = Static(False, plan, float(dk**-0.5 if scale is None else scale), bool(output_final_state))
     h0 = None if initial_state is None else jnp.asarray(initial_state)
     cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens)
-    out = fused_recurrent(s, q, k, v, g, None, h0, cu)
+    gv = None if g_v is None else jnp.asarray(g_v)
+    out = fused_recurrent(s, q, k, v, g, gv, None, h0, cu)
     return out[0], (out[1] if output_final_state else None)

@@ -1,11 +1,10 @@
 """Triton ``recurrent`` for decoding: the fused recurrent kernel of ``gla``, the scalar gate ``g [B, T, H]`` and the
-key gate ``g_k [B, T, H, K]`` added into one key-side log decay (``S_t = diag(exp(g_t + g_k,t)) S_{t-1} + k_t^T
-v_t``).
+key gate ``g_k [B, T, H, K]`` added into one key-side log decay, the value gate ``g_v [B, T, H, V]`` applied to the
+state's columns (``S_t = diag(exp(g_t + g_k,t)) S_{t-1} diag(exp(g_v,t)) + k_t^T v_t``).
 
-``reverse`` runs the flipped sequence (``ejkernel_triton._gates``). Declined (``supports``): a value gate ``g_v``
-(the kernel decays the key side), besides what the Triton ``gla`` declines. Launch parameters and gradients (the VJP of the core's reference
-recurrence) are the Triton ``gla``'s (``ejkernel_triton.gla.interface``). Importing this module does not import
-Triton.
+``reverse`` runs the flipped sequence (``ejkernel_triton._gates``). Declined (``supports``): what the Triton
+``gla`` declines. Launch parameters and gradients (the VJP of the core's reference recurrence) are the Triton
+``gla``'s (``ejkernel_triton.gla.interface``). Importing this module does not import Triton.
 """
 
 from __future__ import annotations
@@ -15,17 +14,14 @@ from typing import Any
 import jax
 
 from ejkernel_triton._gates import call_gla, recurrent_log_decay
-from ejkernel_triton._recurrent import NoBwdParams, RecurrentParams, arguments, supports_recurrent
-from ejkernel_triton.gla.interface import candidate_cfgs, gla, heuristic_cfg
+from ejkernel_triton._recurrent import NoBwdParams, RecurrentParams, supports_recurrent
+from ejkernel_triton.gla.interface import candidate_cfgs, gated_recurrence, heuristic_cfg
 
 __all__ = ["candidate_cfgs", "heuristic_cfg", "recurrent", "supports"]
 
 
 def supports(inv: Any) -> str | None:
-    args = arguments(inv)
-    if args.get("g_v") is not None:
-        return "ejkernel-triton recurrent: a value gate g_v is not supported (the fused kernel decays the key side)"
-    return supports_recurrent("recurrent", inv, ("g", "g_k"))
+    return supports_recurrent("recurrent", inv, ("g", "g_k", "g_v"))
 
 
 def recurrent(
@@ -44,19 +40,18 @@ def recurrent(
     fwd_params: RecurrentParams | None = None,
     bwd_params: NoBwdParams | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """The gated linear recurrence (contract: ``ejkernel.modules.operations.recurrent``) without a value gate.
+    """The gated linear recurrence (contract: ``ejkernel.modules.operations.recurrent``).
 
-    Shapes: ``q``, ``k``, ``v [B, T, H, K|V]``, ``g [B, T, H]``, ``g_k [B, T, H, K]``, ``initial_state
+    Shapes: ``q``, ``k``, ``v [B, T, H, K|V]``, ``g [B, T, H]``, ``g_k [B, T, H, K]``, ``g_v [B, T, H, V]``, ``initial_state
     [B or N, H, K, V]``, ``cu_seqlens [N + 1]``; returns ``(o [B, T, H, V] in q's dtype, final state float32 or
     None)``."""
-    if g_v is not None:  # what supports() declines, when called directly
-        raise ValueError("ejkernel-triton recurrent: a value gate g_v is not supported")
     return call_gla(
-        gla,
+        gated_recurrence,
         q,
         k,
         v,
         recurrent_log_decay(q, g, g_k),
+        log_decay_v=g_v,
         reverse=reverse,
         scale=scale,
         initial_state=initial_state,
