@@ -1,9 +1,12 @@
-"""Registers and spills of every Triton kernel of one chunked ``gla`` or ``gated_delta_rule`` forward + backward,
-as ptxas reports them for sm_90, on a machine without a GPU.
+"""Registers, spills and shared memory of every Triton kernel of one chunked ``gla`` or ``gated_delta_rule``
+forward + backward, as ptxas and Triton report them for sm_90, on a machine without a GPU.
 
 Each launch is compiled the way jax-triton would (``EJKERNEL_TRITON_COMPILE_ONLY=90``, see
 ``ejkernel_triton.launch``) and its PTX is assembled again by the ptxas that Triton itself uses, with ``-v``.
 Spills cost time on the GPU that the interpreter never shows: check a new default plan here before timing it.
+Shared memory is Triton's ``metadata.shared`` (bytes per block); a kernel above sm_90's 232448 (227 KiB) fails at
+launch on the GPU, so it is marked ``OVER`` here (and the report goes on, rather than stopping at the first, as
+``ejkernel_triton.launch``'s compile-only check would).
 
     .venv/bin/python benchmarks/ptxas_report.py gla --dtype float32 --bwd block_v=32
     .venv/bin/python benchmarks/ptxas_report.py gated_delta_rule --fwd chunk_size=32 --bwd num_stages=2
@@ -27,6 +30,8 @@ import jax.numpy as jnp  # noqa: E402
 import triton  # noqa: E402
 from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 
+_TILES = ("BT", "BK", "BKC", "BV")
+
 
 def _fields(items: list[str]) -> dict[str, int]:
     out = {}
@@ -45,11 +50,15 @@ def main() -> None:
     ap.add_argument("--bwd", nargs="*", default=[], help="ChunkBwdParams fields, name=value")
     a = ap.parse_args()
 
+    from ejkernel_triton import launch
     from ejkernel_triton.gated_delta_rule import chunk as gdr
     from ejkernel_triton.gla import chunk as gla
 
     ptxas = get_ptxas(90).path
     real = triton.compile
+    limit = launch.shared_memory_per_block(90)
+    launch.shared_memory_per_block = lambda _: 1 << 62  # report every kernel, then judge
+    over = []
 
     def report(src, target=None, options=None):
         compiled = real(src, target=target, options=options)
@@ -63,9 +72,15 @@ def main() -> None:
         spills = re.findall(r"(\d+) bytes spill stores", log)
         if not regs:
             raise RuntimeError(f"ptxas said:\n{log}")
+        shared = int(compiled.metadata.shared)
+        names = src.fn.arg_names
+        tiles = " ".join(f"{names[i[0]]}={v}" for i, v in src.constants.items() if names[i[0]] in _TILES)
+        if shared > limit:
+            over.append(src.fn.__name__)
         print(
-            f"{src.fn.__name__:28s} warps {options.get('num_warps')} stages {options.get('num_stages')}: "
-            f"{regs[0]:>3s} registers, {spills[0] if spills else '?'} bytes spilled",
+            f"{src.fn.__name__:24s} {tiles:22s} warps {options.get('num_warps')} stages {options.get('num_stages')}: "
+            f"{regs[0]:>3s} registers, {spills[0] if spills else '?':>5s} bytes spilled, "
+            f"{shared:>6d} bytes shared{' OVER' if shared > limit else ''}",
             flush=True,
         )
         return compiled
@@ -86,6 +101,7 @@ def main() -> None:
     print(f"{a.op} {a.dtype} K={dk} V={dv}, sm_90 ({ptxas})")
     out, vjp = jax.vjp(fn, *args)
     vjp(out)
+    print(f"shared memory: {'over ' + str(limit) + ' in ' + ', '.join(over) if over else 'every kernel fits'}")
 
 
 if __name__ == "__main__":

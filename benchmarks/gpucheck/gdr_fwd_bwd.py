@@ -1,12 +1,13 @@
 """The gated delta rule's forward+backward on a GPU: XLA's chunked implementation against the Triton chunked one
 at its default and its backward candidates (B4 T4096 H16 K=V=128 bf16, ``use_qk_l2norm``; ``--shape B,T`` for
-another batch and length, e.g. ``2,16384``). The gradients of ``sum(out * cotangent)`` (and the forward's output,
+another batch and length, e.g. ``2,16384``; ``--dims K,V`` for other head dims, e.g. ``256,256``, whose plans ``supports`` declines on a GPU until
+this script has passed with them). The gradients of ``sum(out * cotangent)`` (and the forward's output,
 under several forward launches) are compared with XLA's (max abs error over max abs, per argument), then timed
 (median of 15, ``jax.block_until_ready``). ``ejkernel bench``'s own check of this pass needs the float32 reference's VJP,
 which holds the state token by token (65 GiB here), hence this script.
 
 Run on the GPU machine after ``bash .ci/gpu setup``: ``PYTHONPATH=/tmp/ejk-site python3
-benchmarks/gpucheck/gdr_fwd_bwd.py [--shape B,T]``.
+benchmarks/gpucheck/gdr_fwd_bwd.py [--shape B,T] [--dims K,V]``.
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from ejkernel_xla.gated_delta_rule.interface import gated_delta_rule as xla_gdr
 B, T, H, K, V = 4, 4096, 16, 128, 128
 if "--shape" in sys.argv:
     B, T = (int(x) for x in sys.argv[sys.argv.index("--shape") + 1].split(","))
+if "--dims" in sys.argv:
+    K, V = (int(x) for x in sys.argv[sys.argv.index("--dims") + 1].split(","))
 
 
 def ms(f, *args):
@@ -65,9 +68,12 @@ def main():
     for c, bv, w in ((0, 0, 0), (64, 32, 4), (32, 64, 4), (64, 64, 8), (32, 32, 4)):
         p = ChunkFwdParams() if c == 0 else ChunkFwdParams(chunk_size=c, block_v=bv, num_warps=w)
         f = jax.jit(lambda *a, p=p: chunk.gated_delta_rule(*a, use_qk_l2norm=True, fwd_params=p)[0])
-        err = float(jnp.max(jnp.abs(f(*args).astype(jnp.float32) - ref_out)) / jnp.max(jnp.abs(ref_out)))
         label = "default" if c == 0 else f"c{c} bv{bv} w{w}"
-        print(f"triton_chunk fwd {label:12s} {ms(f, *args):8.3f} ms  rel err vs xla {err:.1e}", flush=True)
+        try:  # at K = 256 value blocks of 64 exceed sm_90's shared memory: a clear error, then the next plan
+            err = float(jnp.max(jnp.abs(f(*args).astype(jnp.float32) - ref_out)) / jnp.max(jnp.abs(ref_out)))
+            print(f"triton_chunk fwd {label:12s} {ms(f, *args):8.3f} ms  rel err vs xla {err:.1e}", flush=True)
+        except Exception as e:  # noqa: BLE001
+            print(f"triton_chunk fwd {label} ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
     base = grad_of(xla_gdr)
     want = base(*args)
     print(f"xla chunked fwd+bwd {ms(base, *args):8.3f} ms", flush=True)

@@ -214,12 +214,21 @@ def test_candidates_supports_and_registration_below_xla_on_gpus():
     assert "head dims" in chunk.supports(
         Invocation.create("gated_delta_rule", {**args, "q": s((1, 8, 2, 512), jnp.bfloat16)}, "cpu")
     )
-    wide = Invocation.create("gated_delta_rule", {**args, "q": s((1, 8, 2, 256), jnp.bfloat16)}, "cpu")
+    wide = Invocation.create(
+        "gated_delta_rule", {**args, **{n: s((1, 8, 2, 256), jnp.bfloat16) for n in ("q", "k", "v")}}, "cpu"
+    )
     assert chunk.supports(wide) is None  # the interpreter has no shared-memory limit
-    with pytest.MonkeyPatch.context() as mp:  # on a GPU, K=256 overflows sm_90's shared memory
+    with pytest.MonkeyPatch.context() as mp:  # on a GPU, K=256 takes its own plans (sm_90's shared memory)
         mp.setattr(chunk, "interpreting", lambda: False)
-        assert "key dim K=256 > 128" in chunk.supports(wide)
+        assert "K=256 > 128 is not yet supported on a GPU" in chunk.supports(wide)  # until checked there
         assert chunk.supports(inv) is None
+        fwd, bwd = chunk._plan(256, 256, ChunkFwdParams()), chunk._plan(256, 256, ChunkBwdParams())
+        assert (fwd.chunk, fwd.block_v, fwd.num_warps, fwd.num_stages) == (64, 32, 8, 2)
+        assert (bwd.chunk, bwd.block_v, bwd.num_warps, bwd.num_stages) == (32, 16, 8, 3)
+        for stage in ("fwd", "bwd"):  # each checked by ptxas_report for sm_90 (no value blocks of 64 at K=256)
+            cands = chunk.candidate_cfgs(wide, stage)
+            assert cands[0] == chunk.heuristic_cfg(wide, stage) and len(set(cands)) == len(cands) == 5
+            assert all(p.block_v <= 32 and p.num_stages == (2 if stage == "fwd" else 3) for p in cands), cands
         fwd, bwd = chunk._plan(128, 128, ChunkFwdParams()), chunk._plan(128, 128, ChunkBwdParams())
         assert (fwd.chunk, fwd.num_stages, bwd.chunk, bwd.num_stages) == (64, 2, 32, 3)  # timed on the H200
         assert (
@@ -259,3 +268,49 @@ def test_kernels_compile_for_sm90():
     env[launch.COMPILE_ONLY_ENV] = "90"
     run = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-4000:]
+
+
+_COMPILE_WIDE_SCRIPT = textwrap.dedent("""
+    import sys
+    import jax, jax.numpy as jnp, triton
+    from ejkernel_triton import launch
+    from ejkernel_triton.gated_delta_rule.chunk import gated_delta_rule
+    assert not launch.INTERPRET
+    real = triton.compile
+    def compile_(src, target=None, options=None):
+        compiled = real(src, target=target, options=options)
+        print(f"{src.fn.__name__} {compiled.metadata.shared}", flush=True)
+        return compiled
+    triton.compile = compile_
+    launch.shared_memory_per_block = lambda _: 1 << 62  # the test judges each kernel's shared memory itself
+    # K = V = 256 at the default plans (no launch parameters): the key tiles of 256 channels. Shapes barely change
+    # what is compiled (B1 H1 T64 is one chunk of the forward, two of the backward); dtypes do.
+    dt, grad = jnp.dtype(sys.argv[1]), sys.argv[2] == "grad"
+    z = lambda *shape, dt=dt: jnp.zeros(shape, dt)
+    args = (z(1, 64, 1, 256), z(1, 64, 1, 256), z(1, 64, 1, 256), z(1, 64, 1, dt=jnp.float32), z(1, 64, 1, dt=jnp.float32))
+    out, vjp = jax.vjp(lambda *a: gated_delta_rule(*a, output_final_state=True, use_qk_l2norm=True), *args)
+    if grad:
+        vjp(out)
+    print("compiled")
+""")
+
+
+@pytest.mark.parametrize(
+    ("dtype", "stage"),
+    [("bfloat16", "grad"), ("float32", "grad")],  # float32: the forward's state pass is the largest (205312 bytes)
+)
+def test_wide_keys_fit_sm90_shared_memory(dtype, stage):
+    """K = 256 on a GPU: every kernel of the default plans compiles for sm_90 within its 232448 bytes of shared
+    memory per block (the plans ``_plan`` picks for key dims above 128). About 20-40 s each on two cores."""
+    env = {k: v for k, v in os.environ.items() if k not in ("EJKERNEL_TRITON_INTERPRET", "TRITON_INTERPRET")}
+    env[launch.COMPILE_ONLY_ENV] = "90"
+    run = subprocess.run(
+        [sys.executable, "-c", _COMPILE_WIDE_SCRIPT, dtype, stage], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-4000:]
+    shared = [(name, int(n)) for name, n in (line.split() for line in run.stdout.splitlines() if line != "compiled")]
+    want = {"delta_prep", "delta_states", "delta_output"} | (
+        {"delta_state_bwd", "delta_bwd_grads"} if stage == "grad" else set()
+    )
+    assert {name for name, _ in shared} == want, shared
+    assert all(n <= 232448 for _, n in shared), shared

@@ -27,8 +27,12 @@ operands), float32 ones at three tf32 passes for other inputs. What only those d
 forward stores its own. Its memory: the per-chunk states and their gradients, ``2 (T / C) * HV * K * V`` in that
 dtype per batch row, and ``O(T HV (K + V + C))``. Launch parameters:
 :class:`~ejkernel_triton.gla.chunk.ChunkFwdParams` and :class:`~ejkernel_triton.gla.chunk.ChunkBwdParams`
-(``chunk_size``, ``block_v``, warps, stages; ``block_k`` is the whole padded head dim here). Declined (``supports``): head dims above 256 (key dims above 128 on a GPU), dtypes
-other than float32, bfloat16 and float16.
+(``chunk_size``, ``block_v``, warps, stages; ``block_k`` is the whole padded head dim here). Declined (``supports``):
+head dims above 256, dtypes other than float32, bfloat16 and float16, and on a GPU key dims above 128 until their
+plans have run there. Those plans (:func:`_plan`: tiles of 256 key channels) were chosen so that every kernel fits
+sm_90's 232448 bytes of shared memory per block, by ptxas's and Triton's compile reports only;
+``benchmarks/gpucheck/gdr_fwd_bwd.py --dims 256,256`` checks them against XLA on the GPU (the chunked function called
+directly, past ``supports``).
 
 Speed (H200, B4 T4096 H16 K=V=128 bf16, ``use_qk_l2norm``, 2026-12-04, ``benchmarks/gpucheck/gdr_fwd_bwd.py``;
 outputs within 1e-2 and gradients within 8e-3 of XLA's): forward **0.89 ms** against XLA's chunked 3.56 (0.82 at
@@ -73,7 +77,7 @@ OP = "gated_delta_rule"
 _DUMMY_F32 = np.zeros((1,), np.float32)
 _BLOCK_KC = 64  # key channels per step of the backward's per-chunk kernels (their sums over key dims loop)
 _BLOCK_VG = 16  # value channels per step of delta_bwd_grads (at 32 ptxas spilled 36 bytes for sm_90 at 255 registers)
-_WIDE_K = 128  # key dims above: the plans of _plan's docstring (key tiles of 256 channels), chosen for sm_90's shared memory
+_WIDE_K = 128  # key dims above take _plan's plans for key tiles of 256 channels (sm_90's shared memory)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +114,27 @@ def _plan(dk: int, dv: int, p: ChunkFwdParams | ChunkBwdParams) -> Plan:
     the candidates) is chosen by ptxas's reports for sm_90 at K = V = 128. Its four-launch form (module docstring),
     bfloat16 inputs: no spills (``delta_bwd_grads`` 255 registers, its value blocks capped at 16 channels; the
     reverse state pass 230 at two stages); float32 inputs (three tf32 passes): 1352 bytes spilled in the reverse
-    state pass (one stage), 452 in ``delta_bwd_grads``, 104 in ``delta_prep`` and 348 in the state pass."""
+    state pass (one stage), 452 in ``delta_bwd_grads``, 104 in ``delta_prep`` and 348 in the state pass.
+
+    Key dims above 128 (key tiles of 256 channels; on a GPU only): value blocks of 32 channels for the forward and
+    16 for the backward, 8 warps (chunks and stages as above: 64 and 2 forward, 32 and 3 backward). The state passes
+    hold ``[256, block_v]`` tiles, and at K = 256 the K = 128 defaults' forward (value blocks of 64) needs 279040
+    bytes of shared memory in ``delta_states`` and 262144 in ``delta_output`` for float32 inputs, above sm_90's
+    232448 (bfloat16: 188928, and 72 bytes spilled). Chosen by compile reports for sm_90 only
+    (``benchmarks/ptxas_report.py gated_delta_rule --dims 256,256``; K=256 V=128 the same tiles), **not yet run on a
+    GPU**; shared bytes per block, registers, spills:
+
+    * forward, bfloat16: ``delta_prep`` 65792, 253, 0; ``delta_states`` 164352, 198, 0; ``delta_output`` 65536,
+      157, 0. float32: 131072, 255, 1916; 205312, 255, 1668; 196608, 255, 1352 (float16, whose dots take float32
+      operands: the same shared bytes, about the same spills). At 4 warps float32 spilled 3476, 1724 and 3528 bytes
+      (same shared bytes); value blocks of 64 overflow (above), chunks of 32 made ptxas cut ``delta_output`` to 32
+      registers and spill 19664-20648 bytes.
+    * backward, bfloat16: ``delta_prep`` 32896, 102, 0; ``delta_states`` 94720, 170, 0; ``delta_state_bwd`` 125696,
+      202, 0; ``delta_bwd_grads`` 22528, 255, 0. float32 (``delta_state_bwd`` at one stage): 65536, 255, 1564;
+      168448, 255, 392; 32768, 255, 1548; 61440, 255, 284, against 1964, 1856, 3008 and 312 bytes spilled at the
+      K = 128 default (value blocks of 32, 4 warps; 205312 bytes shared in ``delta_states``, which also fits).
+
+    Every candidate of :func:`candidate_cfgs` at K = 256 fits too (checked for bfloat16 and float32)."""
     if p.block_k is not None and p.block_k != _pow2(dk):
         raise ValueError(
             f"ejkernel-triton {OP} (chunked): {type(p).__name__}.block_k must be None or {_pow2(dk)} (the whole "
@@ -147,32 +171,45 @@ def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[
     """The heuristic's first; then chunks of 32 or 64, value blocks of 32 or 64, 4 or 8 warps (the backward:
     chunks of 32 with value blocks of 16 at 4 warps (twice the state passes' programs), 32 or 64 at 4 or 8 warps,
     and chunks of 16 with value blocks of 32 at 4 warps, where no kernel of the backward spills on sm_90 for
-    bfloat16 inputs; the six-launch form took 3.8-5.8 ms forward+backward on the H200)."""
+    bfloat16 inputs; the six-launch form took 3.8-5.8 ms forward+backward on the H200). Key dims above 128 on a
+    GPU: only plans whose every kernel fits sm_90's shared memory for bfloat16 and float32 inputs (ptxas_report,
+    see :func:`_plan`; not yet timed): the forward's chunks of 64 with value blocks of 32 at 4 warps, 16 at 8, and
+    chunks of 32 with value blocks of 32 at 4 or 8 warps; the backward's chunks of 32 with value blocks of 32 at 4
+    or 8 warps or 16 at 4, and chunks of 16 with value blocks of 16 at 8 warps."""
     base = heuristic_cfg(inv, stage)
     out: list[Any] = [base]
+    args = gla_chunk._arguments(inv)
     others: tuple[tuple[int, int, int], ...] = ((32, 64, 4), (64, 32, 4), (32, 64, 8), (64, 64, 8), (32, 32, 4))
     if stage != "fwd":
         others = ((32, 16, 4), (16, 32, 4), (32, 32, 8), (32, 64, 4), (32, 64, 8))
+    cap = base.block_v
+    if int(args["q"].shape[-1]) > _WIDE_K and not interpreting():  # each fits sm_90's shared memory (_plan)
+        others = ((64, 32, 4), (32, 32, 8), (32, 32, 4), (64, 16, 8))
+        if stage != "fwd":
+            others = ((32, 32, 4), (32, 32, 8), (32, 16, 4), (16, 16, 8))
+        cap = _pow2(int(args["v"].shape[-1]))
     for chunk, bv, warps in others:
-        p = dataclasses.replace(base, chunk_size=chunk, block_v=min(bv, base.block_v or bv), num_warps=warps)
+        p = dataclasses.replace(base, chunk_size=chunk, block_v=min(bv, cap or bv), num_warps=warps)
         if p not in out:
             out.append(p)
     return out
 
 
 def supports(inv: Any) -> str | None:
-    """The chunked ``gla``'s rules (dtypes, head dims up to 256), for ``q``, ``g``, ``beta``, ``initial_state``;
-    on a GPU, key dims up to 128: at 256 the state pass's ``[K, block_v]`` float32 tiles need more shared memory
-    than sm_90 has (311 KiB at value blocks of 64)."""
+    """The chunked ``gla``'s rules (dtypes, head dims up to 256), for ``q``, ``g``, ``beta``, ``initial_state``.
+    On a GPU, key dims up to 128: at 129 to 256 ``_plan``'s value blocks of 32 (forward) and 16 (backward) fit
+    every kernel in sm_90's shared memory for bfloat16, float16 and float32 inputs (at most 205312 bytes, where the
+    K = 128 defaults' value blocks of 64 would need 279040 for float32), but by compile reports only: declined until
+    ``benchmarks/gpucheck/gdr_fwd_bwd.py --dims 256,256`` has passed on the GPU (Triton 3.6 there, 3.9 here)."""
     reason = gla_chunk.supports(inv)
     args = gla_chunk._arguments(inv)
     beta = args.get("beta")
     if reason is None and beta is not None and np.dtype(beta.dtype).name not in ("float32", "bfloat16", "float16"):
         reason = f"ejkernel-triton {OP} (chunked): beta dtype {np.dtype(beta.dtype).name} is not supported"
-    if reason is None and not interpreting() and int(args["q"].shape[-1]) > 128:
+    if reason is None and not interpreting() and int(args["q"].shape[-1]) > _WIDE_K:
         reason = (
-            f"ejkernel-triton {OP} (chunked): key dim K={int(args['q'].shape[-1])} > 128 is not supported on a GPU "
-            "(the state pass's tiles exceed sm_90's shared memory)"
+            f"ejkernel-triton {OP} (chunked): key dim K={int(args['q'].shape[-1])} > {_WIDE_K} is not yet supported "
+            "on a GPU (its plans fit sm_90's shared memory by compile reports but have not been checked on a GPU)"
         )
     return reason
 
