@@ -169,8 +169,8 @@ def heuristic_cfg(inv: Any, stage: str = "fwd") -> ChunkFwdParams | ChunkBwdPara
 
 def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[ChunkBwdParams]:
     """The heuristic's first; then chunks of 32 or 64, value blocks of 32 or 64, 4 or 8 warps (the backward:
-    chunks of 32 with value blocks of 16 at 4 warps (twice the state passes' programs), 32 or 64 at 4 or 8 warps,
-    and chunks of 16 with value blocks of 32 at 4 warps, where no kernel of the backward spills on sm_90 for
+    chunks of 32 with value blocks of 16 at 4 warps (twice the state passes' programs) or 32 at 8 warps, and
+    chunks of 16 with value blocks of 32 at 4 warps, where no kernel of the backward spills on sm_90 for
     bfloat16 inputs; the six-launch form took 3.8-5.8 ms forward+backward on the H200). Key dims above 128 on a
     GPU: only plans whose every kernel fits sm_90's shared memory for bfloat16 and float32 inputs (ptxas_report,
     see :func:`_plan`; not yet timed): the forward's chunks of 64 with value blocks of 32 at 4 warps, 16 at 8, and
@@ -181,7 +181,7 @@ def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[
     args = gla_chunk._arguments(inv)
     others: tuple[tuple[int, int, int], ...] = ((32, 64, 4), (64, 32, 4), (32, 64, 8), (64, 64, 8), (32, 32, 4))
     if stage != "fwd":
-        others = ((32, 16, 4), (16, 32, 4), (32, 32, 8), (32, 64, 4), (32, 64, 8))
+        others = ((32, 16, 4), (16, 32, 4), (32, 32, 8))
     cap = base.block_v
     if int(args["q"].shape[-1]) > _WIDE_K and not interpreting():  # each fits sm_90's shared memory (_plan)
         others = ((64, 32, 4), (32, 32, 8), (32, 32, 4), (64, 16, 8))
