@@ -127,6 +127,9 @@ def plan_times(q, k, v, g, r):
     fwd_bwd = {
         "default": ({}, {}),
         "fwd block_v=128": ({"block_v": 128}, {}),
+        # key tiles of 32: chunk_intra_attn holds 248-255 registers a thread at 64 (one program per SM)
+        "fwd block_k=32": ({"block_k": 32}, {}),
+        "fwd bk=32 bwd bk=32": ({"block_k": 32}, {"block_k": 32}),
         "bwd block_v=32": ({}, {"block_v": 32}),
         "bwd block_k=32": ({}, {"block_k": 32}),
         "fwd bv=128 bwd bk=32": ({"block_v": 128}, {"block_k": 32}),
