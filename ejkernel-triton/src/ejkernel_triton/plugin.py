@@ -122,8 +122,8 @@ _KERNELS = (
     ("gla", "gla", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams", _RECURRENT_GPU_PRIORITY, ""),
     ("gated_delta_rule", "gated_delta_rule", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams",
      _RECURRENT_GPU_PRIORITY, ""),
-    # lightning_attn and recurrent (without a value gate) decode on gla's kernel, their gates folded into its key-side
-    # log decay (ejkernel_triton._gates).
+    # lightning_attn and recurrent decode on gla's kernel, their gates folded into its key-side log decay
+    # (ejkernel_triton._gates; recurrent's value gate as a second, value-side one).
     ("lightning_attn", "lightning_attn", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams",
      _FOLDED_DECODE_GPU_PRIORITY, ""),
     ("recurrent", "recurrent", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams",
