@@ -7,7 +7,10 @@ product masked to its pairs. Here a program takes one 16 x 16 block of ``A`` (gr
 tiles, several programs per SM): a block below the diagonal is one product whose gates are referred to the first
 row of its row block (both exponents <= 0, as at a level); a diagonal block takes its pairs in log2(16) = 4 levels
 of 16-row products; blocks above the diagonal store zeros. If it is faster on the GPU, it replaces the level
-kernel's use in ``ejkernel_triton.gla.chunk._prologue`` (and the same split suits ``chunk_dqk_intra``).
+kernel's use in ``ejkernel_triton.gla.chunk._prologue`` (and the same split suits ``chunk_dqk_intra``). ptxas for
+sm_90 (Triton 3.9 here, bf16, K = 128, key tiles of 64): ``chunk_intra_attn`` 248 registers at 8 warps, 57344 bytes
+of shared memory; this kernel 255 registers and 76 bytes spilled at 1 warp, 224 at 2, 128 at 4 (about 16.6 KB
+shared): four programs of 4 warps fit an SM's registers where the level kernel fits one of 8.
 
 The script records the forward's ``chunk_intra_attn`` launch, runs it and this kernel on the same arrays, compares
 the two ``A`` (max abs difference over max abs), then times both (median of 20, ``jax.block_until_ready``) at
