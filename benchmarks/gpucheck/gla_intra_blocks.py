@@ -22,7 +22,7 @@ fit an SM's registers where a level kernel fits one of 8.
 
 The script records both level launches of one forward + backward, runs each and its block kernel on the same
 arrays, compares the results (max abs difference over max abs; rows that no packed sequence covers are written by
-neither), then times both (median of 20, ``jax.block_until_ready``) at 2, 4 and 8 warps, dense and packed, bf16 and
+neither), then times both (the core timer) at 2, 4 and 8 warps, dense and packed, bf16 and
 float32. On the GPU machine: ``PYTHONPATH=/tmp/ejk-site python3 benchmarks/gpucheck/gla_intra_blocks.py``; here in
 Triton's interpreter at tiny shapes: ``EJKERNEL_TRITON_INTERPRET=1 .venv/bin/python
 benchmarks/gpucheck/gla_intra_blocks.py --small``.
@@ -31,9 +31,7 @@ benchmarks/gpucheck/gla_intra_blocks.py --small``.
 # ruff: noqa: I001  (ejkernel_triton.launch first: it sets the interpreter switch before triton is imported)
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 
 from ejkernel_triton import launch  # first: it sets Triton's interpreter switch before triton is imported
 
@@ -43,6 +41,7 @@ import numpy as np
 import triton
 import triton.language as tl
 
+from ejkernel.ops.timing import time_fn
 from ejkernel_triton._chunk_kernels import chunk_span, gate, level, mm, tile
 from ejkernel_triton.gla import chunk
 
@@ -230,15 +229,9 @@ def dqk_intra_blocks(
     tl.store(DK_ + p_x, b_dk, mask=m_ck)
 
 
-def bench(fn, *args, n=20, warmup=3):
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
+def bench(fn, *args):
+    """Milliseconds per call by the core timer (``ejkernel.ops.timing``, what ``ejkernel bench`` uses)."""
+    return time_fn(fn, *args) * 1e3
 
 
 _BLOCKS = {  # the level kernel's launch name: this script's kernel, its grid from the launch's (chunks, BT, NK)
