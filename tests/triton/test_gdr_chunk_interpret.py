@@ -11,6 +11,7 @@ every kernel compiles for sm_90.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -220,21 +221,22 @@ def test_candidates_supports_and_registration_below_xla_on_gpus():
     assert chunk.supports(wide) is None  # the interpreter has no shared-memory limit
     with pytest.MonkeyPatch.context() as mp:  # on a GPU, K=256 takes its own plans (sm_90's shared memory)
         mp.setattr(chunk, "interpreting", lambda: False)
-        assert "K=256 > 128 is not yet supported on a GPU" in chunk.supports(wide)  # until checked there
-        assert chunk.supports(inv) is None
-        fwd, bwd = chunk._plan(256, 256, ChunkFwdParams()), chunk._plan(256, 256, ChunkBwdParams())
-        assert (fwd.chunk, fwd.block_v, fwd.num_warps, fwd.num_stages) == (64, 32, 8, 2)
-        assert (bwd.chunk, bwd.block_v, bwd.num_warps, bwd.num_stages) == (32, 16, 8, 3)
-        for stage in ("fwd", "bwd"):  # each checked by ptxas_report for sm_90 (no value blocks of 64 at K=256)
+        assert chunk.supports(wide) is None and chunk.supports(inv) is None  # K=256 checked on the H200
+        plan = lambda dk, p, dtype=jnp.bfloat16, states=None: tuple(  # noqa: E731
+            dataclasses.astuple(chunk._plan(dk, dk, p, dtype, states))
+        )
+        # (chunk, block_v, warps, stages), timed on the H200 (2026-12-04)
+        assert plan(256, ChunkFwdParams()) == plan(256, ChunkBwdParams()) == (32, 64, 4, 2)  # bfloat16
+        assert plan(256, ChunkFwdParams(), jnp.float32) == (64, 32, 8, 2)  # float32: fewer spills, fits sm_90
+        assert plan(256, ChunkBwdParams(), jnp.float16) == (32, 16, 8, 3)  # float16: float32 operands
+        for stage in ("fwd", "bwd"):  # each checked by ptxas_report for sm_90
             cands = chunk.candidate_cfgs(wide, stage)
             assert cands[0] == chunk.heuristic_cfg(wide, stage) and len(set(cands)) == len(cands) == 5
-            assert all(p.block_v <= 32 and p.num_stages == (2 if stage == "fwd" else 3) for p in cands), cands
-        fwd, bwd = chunk._plan(128, 128, ChunkFwdParams()), chunk._plan(128, 128, ChunkBwdParams())
-        assert (fwd.chunk, fwd.num_stages, bwd.chunk, bwd.num_stages) == (64, 2, 32, 3)  # timed on the H200
-        assert (
-            chunk._plan(128, 128, ChunkBwdParams()).block_v == 32
-            and chunk._plan(128, 128, ChunkFwdParams()).block_v == 64
-        )
+            assert all(p.block_v <= 32 for p in cands[1:]), cands  # value blocks of 64 overflow for float32
+        assert plan(128, ChunkFwdParams()) == (64, 64, 4, 2) and plan(128, ChunkBwdParams()) == (32, 32, 4, 3)
+        # the forward's value blocks halve when its state pass has fewer than 128 programs (B2 H16: 64 at 64)
+        assert plan(128, ChunkFwdParams(), states=32)[1] == 32 and plan(128, ChunkFwdParams(), states=64)[1] == 64
+        assert plan(128, ChunkFwdParams(block_v=64), states=32)[1] == 64  # a given block_v is kept
     gpu = {i.name: i.priority for i in kernel_registry.implementations("gated_delta_rule", backend="gpu")}
     if "xla" in gpu:
         assert gpu["xla"] < gpu["triton_chunk"] < gpu["triton"], gpu  # faster than XLA on the H200; decode: recurrent

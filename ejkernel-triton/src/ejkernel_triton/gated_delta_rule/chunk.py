@@ -28,11 +28,9 @@ forward stores its own. Its memory: the per-chunk states and their gradients, ``
 dtype per batch row, and ``O(T HV (K + V + C))``. Launch parameters:
 :class:`~ejkernel_triton.gla.chunk.ChunkFwdParams` and :class:`~ejkernel_triton.gla.chunk.ChunkBwdParams`
 (``chunk_size``, ``block_v``, warps, stages; ``block_k`` is the whole padded head dim here). Declined (``supports``):
-head dims above 256, dtypes other than float32, bfloat16 and float16, and on a GPU key dims above 128 until their
-plans have run there. Those plans (:func:`_plan`: tiles of 256 key channels) were chosen so that every kernel fits
-sm_90's 232448 bytes of shared memory per block, by ptxas's and Triton's compile reports only;
-``benchmarks/gpucheck/gdr_fwd_bwd.py --dims 256,256`` checks them against XLA on the GPU (the chunked function called
-directly, past ``supports``).
+head dims above 256, dtypes other than float32, bfloat16 and float16. Key dims above 128 take their own plans on a GPU
+(:func:`_plan`: tiles of 256 key channels, within sm_90's 232448 bytes of shared memory per block; checked and timed
+on the H200 by ``benchmarks/gpucheck/gdr_fwd_bwd.py --dims 256,256``).
 
 Speed (H200, B4 T4096 H16 K=V=128 bf16, ``use_qk_l2norm``, 2026-12-04, ``benchmarks/gpucheck/gdr_fwd_bwd.py``;
 outputs within 1e-2 and gradients within 8e-3 of XLA's): forward **0.89 ms** against XLA's chunked 3.56 (0.82 at
@@ -88,7 +86,9 @@ class Plan:
     num_stages: int
 
 
-def _plan(dk: int, dv: int, p: ChunkFwdParams | ChunkBwdParams) -> Plan:
+def _plan(
+    dk: int, dv: int, p: ChunkFwdParams | ChunkBwdParams, dtype: Any = jnp.bfloat16, states: int | None = None
+) -> Plan:
     """``p``'s fields, else the heuristic's: chunks of 64 for the forward and 32 for the backward (16 in the
     interpreter), value blocks of 64 channels for the forward and 32 for the backward (all of them in the
     interpreter), 4 warps (the backward: 2 at chunks of 64, where fla saw its WY backward miscompiled on Hopper at
@@ -116,13 +116,26 @@ def _plan(dk: int, dv: int, p: ChunkFwdParams | ChunkBwdParams) -> Plan:
     reverse state pass 230 at two stages); float32 inputs (three tf32 passes): 1352 bytes spilled in the reverse
     state pass (one stage), 452 in ``delta_bwd_grads``, 104 in ``delta_prep`` and 348 in the state pass.
 
-    Key dims above 128 (key tiles of 256 channels; on a GPU only): value blocks of 32 channels for the forward and
-    16 for the backward, 8 warps (chunks and stages as above: 64 and 2 forward, 32 and 3 backward). The state passes
-    hold ``[256, block_v]`` tiles, and at K = 256 the K = 128 defaults' forward (value blocks of 64) needs 279040
-    bytes of shared memory in ``delta_states`` and 262144 in ``delta_output`` for float32 inputs, above sm_90's
-    232448 (bfloat16: 188928, and 72 bytes spilled). Chosen by compile reports for sm_90 only
-    (``benchmarks/ptxas_report.py gated_delta_rule --dims 256,256``; K=256 V=128 the same tiles), **not yet run on a
-    GPU**; shared bytes per block, registers, spills:
+    The forward's value blocks are halved (64 to 32) when its state pass would have fewer than
+    ``gla.chunk._STATE_PROGRAMS`` programs (``states`` = sequences x value heads, times the value blocks): at B2
+    T16384 H16 K=V=128 (64 programs at 64) the forward took 1.80 ms at value blocks of 32 against 1.93 at 64 on the
+    H200 (2026-12-04, ``benchmarks/results/2026-12-04-h200-gdr-fwd-bwd-B2T16384.log``).
+
+    Key dims above 128 (key tiles of 256 channels; on a GPU only), bfloat16 inputs: chunks of 32, value blocks of
+    64, 4 warps, 2 stages, forward and backward. Checked and timed on the H200 (2026-12-04, B4 T4096 H16 K=V=256,
+    ``benchmarks/results/2026-12-04-h200-gdr-fwd-bwd-K256.log``, outputs and gradients within 8.7e-3 of XLA's):
+    forward 1.95 ms against 2.35 at (64, 32, 4), 3.16 at (64, 32, 8) and XLA's 6.41; the backward at (32, 64, 4, 2)
+    gave forward+backward 5.87 ms against 6.83 at (32, 32, 4, 3), 11.58 at (32, 16, 8, 3) and XLA's 17.91 (all
+    with the (64, 32, 8) forward). ptxas for sm_90: 608 bytes spilled in ``delta_states`` and 932 in
+    ``delta_state_bwd``, at most 102784 bytes shared. Other inputs (float32, and float16, whose dots take float32
+    operands) keep the plans below: at (32, 64, 4) float32 ``delta_output`` is cut to 32 registers and spills 18228
+    bytes, ``delta_state_bwd`` 9048. Value blocks of 32 channels for the forward and 16 for the backward, 8 warps
+    (chunks and stages as at K = 128: 64 and 2 forward, 32 and 3 backward). The state passes hold ``[256,
+    block_v]`` tiles, and at K = 256 the K = 128 defaults' forward (value blocks of 64) needs 279040 bytes of shared
+    memory in ``delta_states`` and 262144 in ``delta_output`` for float32 inputs, above sm_90's 232448. Chosen by
+    compile reports for sm_90 (``benchmarks/ptxas_report.py gated_delta_rule --dims 256,256``; K=256 V=128 the same
+    tiles), checked on the GPU (the conformance suite's float32 cases) but not timed; shared bytes per block,
+    registers, spills:
 
     * forward, bfloat16: ``delta_prep`` 65792, 253, 0; ``delta_states`` 164352, 198, 0; ``delta_output`` 65536,
       157, 0. float32: 131072, 255, 1916; 205312, 255, 1668; 196608, 255, 1352 (float16, whose dots take float32
@@ -141,19 +154,23 @@ def _plan(dk: int, dv: int, p: ChunkFwdParams | ChunkBwdParams) -> Plan:
             f"padded key dim K={dk}), got {p.block_k}"
         )
     bwd = isinstance(p, ChunkBwdParams)
-    wide = dk > _WIDE_K and not interpreting()  # key tiles of 256 channels: _plan's docstring
-    if interpreting():
-        bv = _pow2(dv)
+    wide = dk > _WIDE_K and not interpreting()  # key tiles of 256 channels: the docstring
+    if wide and jnp.dtype(dtype) == jnp.bfloat16:
+        chunk, bv, warps, stages = 32, 64, 4, 2
     elif wide:
-        bv = min(16 if bwd else 32, _pow2(dv))
+        chunk, bv, warps, stages = (32, 16, 8, 3) if bwd else (64, 32, 8, 2)
     else:
-        bv = min(32 if bwd else 64, _pow2(dv))
-    chunk = p.chunk_size or (16 if interpreting() else 32 if bwd else 64)
+        chunk, bv, warps, stages = (32, 32, 4, 3) if bwd else (64, 64, 4, 2)
+        if not bwd and states is not None and states * cdiv(dv, bv) < gla_chunk._STATE_PROGRAMS:
+            bv = 32
+    if interpreting():
+        chunk, bv, stages = 16, _pow2(dv), 1
+    chunk = p.chunk_size or chunk
     return Plan(
         chunk,
         min(p.block_v or bv, _pow2(dv)),
-        p.num_warps or (2 if bwd and chunk == 64 else 8 if wide else 4),
-        p.num_stages or (1 if interpreting() else 3 if bwd else 2),
+        p.num_warps or (2 if bwd and chunk == 64 else warps),
+        p.num_stages or stages,
     )
 
 
@@ -164,7 +181,9 @@ def _params(cls: type[ChunkFwdParams] | type[ChunkBwdParams], plan: Plan) -> Any
 def heuristic_cfg(inv: Any, stage: str = "fwd") -> ChunkFwdParams | ChunkBwdParams:
     cls = ChunkFwdParams if stage == "fwd" else ChunkBwdParams
     args = gla_chunk._arguments(inv)
-    return _params(cls, _plan(int(args["q"].shape[-1]), int(args["v"].shape[-1]), cls()))
+    q, v = args["q"], args["v"]
+    states = gla_chunk._n_states(q, v, args.get("cu_seqlens"))
+    return _params(cls, _plan(int(q.shape[-1]), int(v.shape[-1]), cls(), q.dtype, states))
 
 
 def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[ChunkBwdParams]:
@@ -172,8 +191,8 @@ def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[
     chunks of 32 with value blocks of 16 at 4 warps (twice the state passes' programs) or 32 at 8 warps, and
     chunks of 16 with value blocks of 32 at 4 warps, where no kernel of the backward spills on sm_90 for
     bfloat16 inputs; the six-launch form took 3.8-5.8 ms forward+backward on the H200). Key dims above 128 on a
-    GPU: only plans whose every kernel fits sm_90's shared memory for bfloat16 and float32 inputs (ptxas_report,
-    see :func:`_plan`; not yet timed): the forward's chunks of 64 with value blocks of 32 at 4 warps, 16 at 8, and
+    GPU: after the heuristic's, only plans whose every kernel fits sm_90's shared memory for bfloat16 and float32
+    inputs (ptxas_report, see :func:`_plan`): the forward's chunks of 64 with value blocks of 32 at 4 warps, 16 at 8, and
     chunks of 32 with value blocks of 32 at 4 or 8 warps; the backward's chunks of 32 with value blocks of 32 at 4
     or 8 warps or 16 at 4, and chunks of 16 with value blocks of 16 at 8 warps."""
     base = heuristic_cfg(inv, stage)
@@ -196,21 +215,13 @@ def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[
 
 
 def supports(inv: Any) -> str | None:
-    """The chunked ``gla``'s rules (dtypes, head dims up to 256), for ``q``, ``g``, ``beta``, ``initial_state``.
-    On a GPU, key dims up to 128: at 129 to 256 ``_plan``'s value blocks of 32 (forward) and 16 (backward) fit
-    every kernel in sm_90's shared memory for bfloat16, float16 and float32 inputs (at most 205312 bytes, where the
-    K = 128 defaults' value blocks of 64 would need 279040 for float32), but by compile reports only: declined until
-    ``benchmarks/gpucheck/gdr_fwd_bwd.py --dims 256,256`` has passed on the GPU (Triton 3.6 there, 3.9 here)."""
+    """The chunked ``gla``'s rules (dtypes, head dims up to 256), for ``q``, ``g``, ``beta``, ``initial_state``
+    (key dims above 128 take their own plans on a GPU: :func:`_plan`)."""
     reason = gla_chunk.supports(inv)
     args = gla_chunk._arguments(inv)
     beta = args.get("beta")
     if reason is None and beta is not None and np.dtype(beta.dtype).name not in ("float32", "bfloat16", "float16"):
         reason = f"ejkernel-triton {OP} (chunked): beta dtype {np.dtype(beta.dtype).name} is not supported"
-    if reason is None and not interpreting() and int(args["q"].shape[-1]) > _WIDE_K:
-        reason = (
-            f"ejkernel-triton {OP} (chunked): key dim K={int(args['q'].shape[-1])} > {_WIDE_K} is not yet supported "
-            "on a GPU (its plans fit sm_90's shared memory by compile reports but have not been checked on a GPU)"
-        )
     return reason
 
 
@@ -548,9 +559,10 @@ def gated_delta_rule(
     bp = coerce(ChunkBwdParams, bwd_params) or ChunkBwdParams()
     q, k, v, g, beta = (jnp.asarray(x) for x in (q, k, v, g, beta))
     dk, dv = int(q.shape[-1]), int(v.shape[-1])
+    states = gla_chunk._n_states(q, v, cu_seqlens)
     s = Static(
-        _plan(dk, dv, fp),
-        _plan(dk, dv, bp),
+        _plan(dk, dv, fp, q.dtype, states),
+        _plan(dk, dv, bp, q.dtype, states),
         float(dk**-0.5 if scale is None else scale),
         bool(output_final_state),
         bool(use_qk_l2norm),

@@ -107,6 +107,16 @@ GPU_CASES = [
         initial_state=True,
         options=(("output_final_state", True), ("use_qk_l2norm", True)),
     ),
+    # Key dims of 256 (the chunked kernels' own plans on a GPU: key tiles of 256 channels).
+    Case(
+        "gpu_wide_heads_l2norm",
+        t=517,
+        h=2,
+        k=256,
+        v=256,
+        initial_state=True,
+        options=(("output_final_state", True), ("use_qk_l2norm", True)),
+    ),
     # Decode steps (the fused recurrent kernels' shapes): 64 two-token steps with grouped value heads, and packed
     # steps of 0 to 4 tokens.
     Case("gpu_decode", b=64, t=2, h=4, hv=8, k=128, v=128, initial_state=True, options=(("output_final_state", True),)),
