@@ -254,6 +254,32 @@ def test_supports_declines_long_sequences_and_wide_heads():
     assert "head dims" in gdr_module.supports(inv(1, k=512))
 
 
+def test_chunked_lightning_and_recurrent_leave_decode_steps_to_xla_on_gpus(monkeypatch):
+    """On a GPU the chunked ``lightning_attn`` and ``recurrent`` (above XLA for training shapes) decline decode
+    steps, which XLA serves faster; the interpreter takes any length."""
+    from ejkernel.ops import Invocation
+
+    from ejkernel_triton import _recurrent
+    from ejkernel_triton.lightning_attn import chunk as lightning_chunk
+    from ejkernel_triton.recurrent import chunk as recurrent_chunk
+
+    def inv(op, t, cu=None):
+        s = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.bfloat16)  # noqa: E731
+        args = {"q": s(1, t, H, K), "k": s(1, t, H, K), "v": s(1, t, H, V), "cu_seqlens": None}
+        args |= {"slope": jax.ShapeDtypeStruct((H,), jnp.float32)} if op == "lightning_attn" else {"g": s(1, t, H)}
+        if cu is not None:
+            args["cu_seqlens"] = jax.ShapeDtypeStruct((cu + 1,), jnp.int32)
+        return Invocation.create(op, args, "cpu")
+
+    for op, module in (("lightning_attn", lightning_chunk), ("recurrent", recurrent_chunk)):
+        assert module.supports(inv(op, 1)) is None  # interpreted
+        monkeypatch.setattr(_recurrent, "interpreting", lambda: False)
+        assert f"{op} (chunked): decode steps" in module.supports(inv(op, 1))
+        assert f"{op} (chunked): decode steps" in module.supports(inv(op, 100, cu=4))  # 25 tokens on average
+        assert module.supports(inv(op, 33)) is None and module.supports(inv(op, 300, cu=4)) is None
+        monkeypatch.undo()
+
+
 def test_params_and_registration_above_xla_on_gpus():
     with pytest.raises(ValueError, match="RecurrentParams.block_v must be a power of two"):
         RecurrentParams(block_v=24)

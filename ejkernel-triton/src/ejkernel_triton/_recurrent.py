@@ -41,9 +41,11 @@ __all__ = [
     "RecurrentParams",
     "Static",
     "candidate_plans",
+    "decode_reason",
     "default_plan",
     "dims_of",
     "fused_recurrent",
+    "is_decode",
     "make_plan",
     "params_of",
     "supports_recurrent",
@@ -194,11 +196,39 @@ def candidate_plans(d: Dims) -> list[Plan]:
 # ------------------------------------------------------------------------------------------------
 
 
+def lengths_over_decode(invocation: Any) -> str:
+    """The call's length against :data:`MAX_DECODE_LENGTH`, for messages: ``T=80 > 32`` or ``T=300 tokens in 4
+    packed sequences (mean length > 32)``."""
+    args = arguments(invocation)
+    t, cu = int(args["q"].shape[1]), args.get("cu_seqlens")
+    if cu is None:
+        return f"T={t} > {MAX_DECODE_LENGTH}"
+    return f"T={t} tokens in {max(1, int(cu.shape[0]) - 1)} packed sequences (mean length > {MAX_DECODE_LENGTH})"
+
+
+def is_decode(invocation: Any) -> bool:
+    """Whether a call is decode steps: sequences of :data:`MAX_DECODE_LENGTH` tokens or fewer (on average, when
+    packed)."""
+    args = arguments(invocation)
+    t, cu = int(args["q"].shape[1]), args.get("cu_seqlens")
+    n = 1 if cu is None else max(1, int(cu.shape[0]) - 1)
+    return t <= MAX_DECODE_LENGTH * n
+
+
+def decode_reason(op: str, invocation: Any) -> str | None:
+    """Why the chunked ``lightning_attn`` and ``recurrent`` decline a call on a GPU: decode steps, where XLA's
+    implementation (which fuses the scalar decay into its state update) is faster than the chunked kernels and
+    gla's fused recurrent kernel (plugin.py). None in Triton's interpreter, which checks the kernels at any length."""
+    if is_decode(invocation) and not interpreting():
+        return f"ejkernel-triton {op} (chunked): decode steps (T <= {MAX_DECODE_LENGTH} a sequence) are XLA's job"
+    return None
+
+
 def supports_recurrent(op: str, invocation: Any, gates: tuple[str, ...]) -> str | None:
     """None when the fused recurrent kernel serves the call, else why not: dtypes other than float32, bfloat16
     and float16, head dims above 256, or a mean sequence length above :data:`MAX_DECODE_LENGTH`."""
     args = arguments(invocation)
-    q, v, cu = args["q"], args["v"], args.get("cu_seqlens")
+    q, v = args["q"], args["v"]
     for name in ("q", *gates, "initial_state"):
         x = args.get(name)
         if x is None:
@@ -209,19 +239,11 @@ def supports_recurrent(op: str, invocation: Any, gates: tuple[str, ...]) -> str 
     dk, dv = int(q.shape[-1]), int(v.shape[-1])
     if not (1 <= dk <= _MAX_HEAD_DIM and 1 <= dv <= _MAX_HEAD_DIM):
         return f"ejkernel-triton {op}: head dims from 1 to {_MAX_HEAD_DIM} are supported, got K={dk}, V={dv}"
-    t = int(q.shape[1])
-    if cu is None and t > MAX_DECODE_LENGTH:
+    if not is_decode(invocation):
         return (
-            f"ejkernel-triton {op}: T={t} > {MAX_DECODE_LENGTH}: the fused recurrent kernel is for decoding; "
+            f"ejkernel-triton {op}: {lengths_over_decode(invocation)}: the fused recurrent kernel is for decoding; "
             "long sequences are the chunked kernels' job"
         )
-    if cu is not None:
-        n = max(1, int(cu.shape[0]) - 1)
-        if t > MAX_DECODE_LENGTH * n:
-            return (
-                f"ejkernel-triton {op}: T={t} tokens in {n} packed sequences (mean length > {MAX_DECODE_LENGTH}): "
-                "the fused recurrent kernel is for decoding; long sequences are the chunked kernels' job"
-            )
     if importlib.util.find_spec("triton") is None:  # find, don't import: see ejkernel_triton.launch
         return f"ejkernel-triton {op}: triton is not installed"
     return None

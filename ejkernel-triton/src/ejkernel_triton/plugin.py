@@ -83,14 +83,15 @@ _CHUNK_FWD, _CHUNK_BWD = "ejkernel_triton.gla.chunk:ChunkFwdParams", "ejkernel_t
 # a float32 state: gated_delta_rule 3.28 TB/s against XLA's 1.99 and a Triton copy of the state's 2.90). They
 # decline sequences longer than a few decode steps (``supports``), so training shapes go to the chunked kernels.
 _RECURRENT_GPU_PRIORITY = 110
-# The chunked ``gla`` kernels (ejkernel_triton.gla.chunk), forward and backward: above XLA (10) on GPUs for gla,
-# below the fused recurrent decode kernel (110). Checked on an H200 (conformance GPU tier, gradients included, and
+# The chunked ``gla`` kernels (ejkernel_triton.gla.chunk), forward and backward: above XLA (10) on GPUs, below the
+# fused recurrent decode kernel (110). Checked on an H200 (conformance GPU tier, gradients included, and
 # benchmarks/gpucheck/gla_chunk.py, 2026-12-04) and timed there at B4 T4096 H16 K=V=128 bf16: forward 1.73 ms against
 # XLA's 3.08, forward+backward 6.64 against 7.72 (flash-linear-attention: about 0.9-1.0 and 4.15). lightning_attn and
-# recurrent on the same kernels passed the same GPU tier but are not timed against their XLA implementations: below
-# XLA (_CHUNK_GPU_PRIORITY) until they are.
-_GLA_CHUNK_GPU_PRIORITY = 50
-_CHUNK_GPU_PRIORITY = 5
+# recurrent on the chunked kernels (_CHUNK_GPU_PRIORITY): above XLA too, after the same GPU tier; timed on the H200
+# (2026-12-04, `ejkernel bench lightning_attn|recurrent`, B4 T4096 H16 K=V=128 bf16, TFLOP/s): lightning forward 16.0
+# against XLA's 9.8, forward+backward 14.9 against 12.7; recurrent (scalar gate) 16.4 against 10.2 and 15.0 against
+# 12.2 (benchmarks/results/2026-12-04-h200-{lightning_attn,recurrent}.json).
+_CHUNK_GPU_PRIORITY = 50
 # lightning_attn/recurrent decode on gla's fused kernel: below XLA on GPUs. Their GPU tier passed on an H200
 # (2026-12-03), but lightning's decode step read 3.08 TB/s against XLA's 3.43 (B64 H16 K=V=128, float32 state): the
 # kernel also reads the per-head decay broadcast to a [B, T, H, K] float32 gate, which XLA fuses away.
@@ -130,7 +131,7 @@ _KERNELS = (
      _FOLDED_DECODE_GPU_PRIORITY, ""),
     # The chunked kernels (training shapes); lightning_attn and recurrent (no value gate) on gla's, their gates
     # folded as for decoding.
-    ("gla", "gla.chunk", _CHUNK_FWD, _CHUNK_BWD, _GLA_CHUNK_GPU_PRIORITY, "_chunk"),
+    ("gla", "gla.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     ("lightning_attn", "lightning_attn.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     ("recurrent", "recurrent.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     # The chunked gated_delta_rule (the WY representation), forward and backward.

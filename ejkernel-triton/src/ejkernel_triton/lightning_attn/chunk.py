@@ -13,6 +13,7 @@ from typing import Any
 import jax
 
 from ejkernel_triton._gates import call_gla, slope_log_decay
+from ejkernel_triton._recurrent import decode_reason
 from ejkernel_triton.gla import chunk
 from ejkernel_triton.gla.chunk import ChunkBwdParams, ChunkFwdParams, candidate_cfgs, heuristic_cfg
 
@@ -20,8 +21,9 @@ __all__ = ["candidate_cfgs", "heuristic_cfg", "lightning_attn", "supports"]
 
 
 def supports(inv: Any) -> str | None:
-    """The chunked ``gla``'s: dtypes other than float32, bfloat16 and float16, or head dims above 256."""
-    return chunk.supports(inv)
+    """The chunked ``gla``'s (dtypes other than float32, bfloat16 and float16, or head dims above 256), and on a GPU
+    decode steps (``decode_reason``)."""
+    return chunk.supports(inv) or decode_reason("lightning_attn", inv)
 
 
 def lightning_attn(

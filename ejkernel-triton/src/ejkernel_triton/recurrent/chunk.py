@@ -15,7 +15,7 @@ from typing import Any
 import jax
 
 from ejkernel_triton._gates import call_gla, recurrent_log_decay
-from ejkernel_triton._recurrent import arguments
+from ejkernel_triton._recurrent import arguments, decode_reason
 from ejkernel_triton.gla import chunk
 from ejkernel_triton.gla.chunk import ChunkBwdParams, ChunkFwdParams, candidate_cfgs, heuristic_cfg
 
@@ -25,7 +25,7 @@ __all__ = ["candidate_cfgs", "heuristic_cfg", "recurrent", "supports"]
 def supports(inv: Any) -> str | None:
     if arguments(inv).get("g_v") is not None:
         return "ejkernel-triton recurrent (chunked): a value gate g_v is not supported (the kernels decay the key side)"
-    return chunk.supports(inv)
+    return chunk.supports(inv) or decode_reason("recurrent", inv)
 
 
 def recurrent(
