@@ -2,7 +2,8 @@
 
 The conformance suite checks the contract (forward, final state, every gradient, packing, grouped value heads,
 strong gates); this file checks what is particular to the chunked kernels: state tiles split over programs along
-both head dims (up to 256, padded ones too) with several sub-blocks per chunk, ``vmap`` folded into one launch,
+both head dims (up to 256, padded ones too) with several sub-blocks per chunk, packed sequences at chunks of 64 cut
+in blocks of 16 rows (strong gates too), ``vmap`` folded into one launch,
 ``cu_seqlens`` out of range under ``jit`` (clamped, never read outside the call), the plans and candidates a GPU
 gets, the launch parameters' errors, what ``supports`` declines, the registration below XLA on GPUs, and that every kernel
 compiles for sm_90.
@@ -91,6 +92,21 @@ def test_state_tiles_split_over_programs(dk, dv, params, bwd_chunk, monkeypatch)
     for name, g, w in zip(("o", "final", "dq", "dk", "dv", "dg", "dh0"), got, want, strict=True):
         assert g.dtype == w.dtype, name
         assert _rel(g, w) < 1e-5, (name, _rel(g, w))
+
+
+@pytest.mark.parametrize("gate_scale", [0.25, 30.0], ids=["gates", "strong_gates"])
+def test_packed_sequences_by_blocks(gate_scale):
+    """Packed like the GPU checks, chunks of 64 cut in blocks of 16 rows (``chunk_intra_attn``, ``chunk_dqk_intra``):
+    a one-token sequence, sequences starting off any block boundary, an empty one, last chunks of 10 and 23 rows
+    (partial blocks, blocks with no valid row), a whole chunk, tokens after the last; strong gates too (a block's
+    reference row must be a valid row, else ``exp(-b)`` overflows into the scores and the gradients)."""
+    cu = (0, 1, 75, 75, 226, 290)
+    args, h0 = _inputs(1, 300, 1, 2, 32, 16, n=len(cu) - 1, seed=5, gate_scale=gate_scale)
+    cu_ = jnp.asarray(cu, jnp.int32)
+    got = _outputs_and_grads(chunk.gla, args, h0, cu_seqlens=cu_)
+    want = _outputs_and_grads(reference.gla, args, h0, cu_seqlens=cu_)
+    for name, g, w in zip(("o", "final", "dq", "dk", "dv", "dg", "dh0"), got, want, strict=True):
+        assert np.isfinite(np.asarray(g)).all() and _rel(g, w) < 1e-4, (name, _rel(g, w))
 
 
 def test_vmap_folds_into_one_launch(monkeypatch):

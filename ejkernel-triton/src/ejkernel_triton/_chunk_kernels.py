@@ -15,21 +15,23 @@ too when it cuts other chunks than the forward) and runs the rest):
   stores the state at each chunk's start ``h [NT, HV, K, V]`` (in ``h``'s dtype: the forward's feeds only dots
   that round it to bfloat16 for bfloat16 inputs, so it is stored so) and the final state;
 * :func:`chunk_intra_attn`: ``A [NT, HV, BT, BT]`` (scale included; zeros above the diagonal; in ``A``'s dtype,
-  bfloat16 for bfloat16 inputs: every dot that reads it rounds it so);
+  bfloat16 for bfloat16 inputs: every dot that reads it rounds it so), one program per ``[BC, BC]`` block;
 * :func:`chunk_output`: ``o = scale (q * exp(b)) @ h + A @ v``;
 * :func:`chunk_state_bwd`: the reverse recurrence of the state's gradient; stores ``dhe``, the gradient of the
   state at each chunk's *end* (what the chunk's keys and values fed), and the initial state's gradient;
 * :func:`chunk_attn_grad`: ``dA = scale do @ v^T`` below the diagonal;
 * :func:`chunk_dv`: ``dv = A^T @ do + (k * exp(b_L - b)) @ dhe``;
-* :func:`chunk_dqk_intra`, :func:`chunk_dqk_inter`: ``dq``, ``dk`` (per value head) and the gates' gradient
-  ``dg``, chunk by chunk (:func:`chunk_dqk_inter` says how: no reverse cumulative sum over the whole sequence).
+* :func:`chunk_dqk_intra` (one program per ``BC`` rows and key tile), :func:`chunk_dqk_inter`: ``dq``, ``dk`` (per
+  value head) and the gates' gradient ``dg``, chunk by chunk (:func:`chunk_dqk_inter` says how: no reverse
+  cumulative sum over the whole sequence).
 
 Numerical stability (log gates may be -100 per token): no exponent is ever positive. The intra-chunk pairs
-``i > j`` are taken level by level (:func:`level`): at level ``S`` the rows form groups of ``2 S`` and a pair of
-one group with ``i`` at or past the group's ``S``-th row ``r`` and ``j`` before it has ``exp(b_i - b_j) =
-exp(b_i - b_r) exp(b_r - b_j)``, both factors at most 1; so every level is one product over the whole chunk
-(``log2(BT)`` of them), its result kept on its groups. The pairs ``i == j`` need no exponent. Padded rows and
-channels read as 0 and are kept out of every exponent that could be positive.
+``i > j`` are taken by blocks of ``BC = 16`` rows: a pair of two blocks splits ``exp(b_i - b_j) = exp(b_i - b_r)
+exp(b_r - b_j)`` at the first row ``r`` of the later block, both factors at most 1, so a pair of blocks is one
+product; the pairs inside a block are taken level by level (:func:`level`: at level ``S`` the rows form groups
+of ``2 S``, split at each group's ``S``-th row the same way), one product per level, ``log2(BC)`` of them, each
+result kept on its groups. The pairs ``i == j`` need no exponent. Padded rows and channels read as 0 and are kept
+out of every exponent that could be positive (a reference row is always a valid row).
 
 Layouts (C-contiguous; ``R = B T`` rows of tokens, ``N`` sequences, ``NT`` chunks over all sequences):
 
@@ -51,7 +53,7 @@ stay float32. Products whose results must keep float32 accuracy (the final state
 gates' gradients are compared at float32 tolerance for bfloat16 inputs too) split their float32 operand in a
 bfloat16 high part and the bfloat16 rest (``SA``/``SB``: one more product each, two for two split operands):
 the state passes (``k exp(b_L - b)`` times ``v``, unless the forward returns no final state; ``q exp(b)`` times
-``do``) and ``dq``/``dk`` (which ``dg`` is made of); so do ``A``'s levels (their gate factors are not exact in
+``do``) and ``dq``/``dk`` (which ``dg`` is made of); so do ``A``'s products (their gate factors are not exact in
 bfloat16, unlike ``q`` and ``k``); ``o``, ``dA`` and ``dv`` take one product. In the interpreter (``EMU``), whose
 dots of 16-bit operands are wrong, bfloat16 operands are float32 holding the rounded values. Dot results are never
 transposed (``tl.trans`` of a dot accumulator is miscompiled by Triton 3.6 on Hopper): transposed operands are
@@ -148,12 +150,12 @@ def state_at(X, i_s, i_hv, o_k, o_v, m_k, m_v, HV: tl.constexpr, DK: tl.constexp
 
 @triton.jit
 def level(o_t, n_rows, S):
-    """Level ``S`` of the intra-chunk pairs ``i > j`` (``o_t``: the chunk's rows): rows in groups of ``2 S``, each
-    group's reference row ``ref`` its ``S``-th; the level holds the pairs of one group with ``i >= ref > j``, for
-    which ``exp(b_i - b_j) = exp(b_i - b_ref) exp(b_ref - b_j)``, both exponents <= 0: one product per level.
-    Every pair ``i > j`` is in exactly one level (``S`` the highest bit where ``i`` and ``j`` differ). Returns
-    ``(ref, up, lo)``: the reference row of each row's group, the valid rows at or past it, the rows before it
-    (whose reference is a valid row)."""
+    """Level ``S`` of the pairs ``i > j`` of a block (``o_t``: its rows, the first ``n_rows`` valid): rows in
+    groups of ``2 S``, each group's reference row ``ref`` its ``S``-th; the level holds the pairs of one group with
+    ``i >= ref > j``, for which ``exp(b_i - b_j) = exp(b_i - b_ref) exp(b_ref - b_j)``, both exponents <= 0: one
+    product per level. Every pair ``i > j`` is in exactly one level (``S`` the highest bit where ``i`` and ``j``
+    differ). Returns ``(ref, up, lo)``: the reference row of each row's group, the valid rows at or past it, the
+    rows before it (whose reference is a valid row)."""
     ref = (o_t // (2 * S)) * (2 * S) + S
     up = (o_t >= ref) & (o_t < n_rows)
     lo = (o_t < ref) & (ref < n_rows)
@@ -273,45 +275,71 @@ def chunk_intra_attn(
     GK: tl.constexpr,
     BT: tl.constexpr,
     BK: tl.constexpr,
+    BC: tl.constexpr,
     LEVELS: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
 ):
-    """The chunk's scores ``A`` (scale included, zeros above the diagonal): the pairs ``i > j`` level by level
-    (:func:`level`: one product per level), the diagonal ``q_i . k_i`` element-wise. Grid ``(NT, HV)``."""
-    i_t, i_hv = tl.program_id(0), tl.program_id(1)
+    """Block ``(i_i, i_j)`` (``[BC, BC]``) of the chunk's scores ``A`` (scale included, zeros above the diagonal).
+    Below the diagonal one product, the gates referred to the first row ``r`` of block ``i_i``: ``(q_i exp(b_i -
+    b_r)) . (k_j exp(b_r - b_j))``, both exponents <= 0 (``j < r <= i``); a block past the chunk's valid rows is
+    zeros (its ``r`` is no row). On the diagonal the pairs ``i > j`` in ``LEVELS = log2(BC)`` levels
+    (:func:`level`), ``q_i . k_i`` element-wise. Small tiles: several programs of few warps per SM, where one
+    ``[BT, BT]`` program per chunk takes all of an SM's registers. Grid ``(NT, HV, (BT / BC)^2)``."""
+    i_t, i_hv, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_i = i_p // (BT // BC)
+    i_j = i_p % (BT // BC)
     i_h = i_hv // (HV // H)
     _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
-    o_t = tl.arange(0, BT)
-    m_t = o_t < n_rows
-    rows = bos + o_t
+    o_c = tl.arange(0, BC)
+    r_i = i_i * BC + o_c  # the block's rows and columns in the chunk
+    r_j = i_j * BC + o_c
+    m_i = r_i < n_rows
+    m_j = r_j < n_rows
+    ref = i_i * BC
 
-    b_a = tl.zeros([BT, BT], dtype=tl.float32)
-    b_d = tl.zeros([BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(DK, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < DK
-        m_tk = m_t[:, None] & m_k[None, :]
-        m_kt = m_k[:, None] & m_t[None, :]
-        b_q = tile(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)  # [BT, BK]
-        b_g = gate(GC, rows[:, None], o_k[None, :], m_tk, i_hv, HV, GK)
-        b_kT = tile(K_, rows[None, :], o_k[:, None], m_kt, i_h, H, DK)  # [BK, BT]
-        b_gT = gate(GC, rows[None, :], o_k[:, None], m_kt, i_hv, HV, GK)
-        b_d += tl.sum(b_q * tile(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK), axis=1)
-        for lv in range(LEVELS):
-            S = BT >> (lv + 1)
-            ref, up, lo = level(o_t, n_rows, S)
-            m_uk = up[:, None] & m_k[None, :]
-            m_kl = m_k[:, None] & lo[None, :]
-            b_r = gate(GC, bos + ref[:, None], o_k[None, :], m_uk, i_hv, HV, GK)  # [BT, BK]
-            b_rT = gate(GC, bos + ref[None, :], o_k[:, None], m_kl, i_hv, HV, GK)  # [BK, BT]
-            b_qs = b_q * tl.exp(tl.where(m_uk, b_g - b_r, float("-inf")))  # rows past the reference
-            b_ks = b_kT * tl.exp(tl.where(m_kl, b_rT - b_gT, float("-inf")))  # columns before it
-            b_p = mm(b_qs, b_ks, tl.zeros([BT, BT], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
-            b_a += tl.where((o_t[:, None] // (2 * S)) == (o_t[None, :] // (2 * S)), b_p, 0.0)
-    b_a += tl.where(o_t[:, None] == o_t[None, :], b_d[:, None], 0.0)
-    p_a = A + ((i_t.to(tl.int64) * HV + i_hv) * BT + o_t[:, None]) * BT + o_t[None, :]
+    b_a = tl.zeros([BC, BC], dtype=tl.float32)
+    if (i_i > i_j) & (ref < n_rows):
+        for i_k in range(tl.cdiv(DK, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < DK
+            m_ik = m_i[:, None] & m_k[None, :]
+            m_kj = m_k[:, None] & m_j[None, :]
+            b_q = tile(Q, bos + r_i[:, None], o_k[None, :], m_ik, i_h, H, DK)  # [BC, BK]
+            b_g = gate(GC, bos + r_i[:, None], o_k[None, :], m_ik, i_hv, HV, GK)
+            b_kT = tile(K_, bos + r_j[None, :], o_k[:, None], m_kj, i_h, H, DK)  # [BK, BC]
+            b_gT = gate(GC, bos + r_j[None, :], o_k[:, None], m_kj, i_hv, HV, GK)
+            b_r = gate(GC, bos + ref, o_k, m_k, i_hv, HV, GK)  # [BK]
+            b_qs = b_q * tl.exp(tl.where(m_ik, b_g - b_r[None, :], float("-inf")))
+            b_ks = b_kT * tl.exp(tl.where(m_kj, b_r[:, None] - b_gT, float("-inf")))
+            b_a = mm(b_qs, b_ks, b_a, 1, 1, DOT, EMU, PREC)
+    elif i_i == i_j:
+        n_local = n_rows - ref  # valid rows of the block (may be <= 0)
+        b_d = tl.zeros([BC], dtype=tl.float32)
+        for i_k in range(tl.cdiv(DK, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < DK
+            m_ik = m_i[:, None] & m_k[None, :]
+            m_ki = m_k[:, None] & m_i[None, :]
+            b_q = tile(Q, bos + r_i[:, None], o_k[None, :], m_ik, i_h, H, DK)  # [BC, BK]
+            b_g = gate(GC, bos + r_i[:, None], o_k[None, :], m_ik, i_hv, HV, GK)
+            b_kT = tile(K_, bos + r_i[None, :], o_k[:, None], m_ki, i_h, H, DK)  # [BK, BC]
+            b_gT = gate(GC, bos + r_i[None, :], o_k[:, None], m_ki, i_hv, HV, GK)
+            b_d += tl.sum(b_q * tile(K_, bos + r_i[:, None], o_k[None, :], m_ik, i_h, H, DK), axis=1)
+            for lv in range(LEVELS):
+                S = BC >> (lv + 1)
+                ref_l, up, lo = level(o_c, n_local, S)
+                m_uk = up[:, None] & m_k[None, :]
+                m_kl = m_k[:, None] & lo[None, :]
+                b_r = gate(GC, bos + ref + ref_l[:, None], o_k[None, :], m_uk, i_hv, HV, GK)  # [BC, BK]
+                b_rT = gate(GC, bos + ref + ref_l[None, :], o_k[:, None], m_kl, i_hv, HV, GK)  # [BK, BC]
+                b_qs = b_q * tl.exp(tl.where(m_uk, b_g - b_r, float("-inf")))  # rows past the reference
+                b_ks = b_kT * tl.exp(tl.where(m_kl, b_rT - b_gT, float("-inf")))  # columns before it
+                b_p = mm(b_qs, b_ks, tl.zeros([BC, BC], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
+                b_a += tl.where((o_c[:, None] // (2 * S)) == (o_c[None, :] // (2 * S)), b_p, 0.0)
+        b_a += tl.where(o_c[:, None] == o_c[None, :], b_d[:, None], 0.0)
+    p_a = A + ((i_t.to(tl.int64) * HV + i_hv) * BT + r_i[:, None]) * BT + r_j[None, :]
     tl.store(p_a, (b_a * scale).to(A.dtype.element_ty))
 
 
@@ -544,103 +572,90 @@ def chunk_dqk_intra(
     GK: tl.constexpr,
     BT: tl.constexpr,
     BK: tl.constexpr,
+    BC: tl.constexpr,
     LEVELS: tl.constexpr,
-    PARTS: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
 ):
-    """The intra-chunk shares of ``dq`` and ``dk`` (float32, per value head) for one chunk and key block, without
-    the pairs ``i == j`` (:func:`chunk_dqk_inter` adds them): ``dq_i = sum_{j < i} dA_ij k_j exp(b_i - b_j)``,
-    ``dk_j = sum_{i > j} dA_ij q_i exp(b_i - b_j)``, level by level (:func:`level`): with ``u = exp(b - b_ref)``
-    on the rows past each group's reference and ``w = exp(b_ref - b)`` on those before it, ``dq += u * (dA_S @ (k
-    w))`` and ``dk += w * (dA_S^T @ (q u))``, ``dA_S`` the level's groups of ``dA``. ``PARTS == 2``: ``dq`` and
-    ``dk`` in programs of their own (float32 dots: their three tf32 passes would spill registers in one program).
-    Grid ``(NT * PARTS * cdiv(DK, BK), HV)``."""
+    """The intra-chunk shares of ``dq`` and ``dk`` (float32, per value head) for one block of ``BC`` rows ``c`` and
+    key tile, without the pairs ``i == j`` (:func:`chunk_dqk_inter` adds them): ``dq_i = sum_{j < i} dA_ij k_j
+    exp(b_i - b_j)``, ``dk_j = sum_{i > j} dA_ij q_i exp(b_i - b_j)``. With ``r`` the first row of ``c``: ``dq_c =
+    exp(b_c - b_r) * sum_{blocks j before} dA_cj (k_j exp(b_r - b_j))``; ``dk_c = sum_{blocks i after} exp(b_ri -
+    b_c) * (dA_ic^T (q_i exp(b_i - b_ri)))``, ``r_i`` the first row of block ``i`` (only blocks with valid rows:
+    their ``r_i`` is one); the block's own pairs in ``LEVELS = log2(BC)`` levels (:func:`level`: ``dq += u * (dA_S
+    @ (k w))``, ``dk += w * (dA_S^T @ (q u))``, ``u = exp(b - b_ref)`` past each group's reference, ``w = exp(b_ref
+    - b)`` before it). Every exponent <= 0. Grid ``(NT * (BT / BC) * cdiv(DK, BK), HV)``."""
     NK: tl.constexpr = (DK + BK - 1) // BK
+    NC: tl.constexpr = BT // BC
     i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the blocks of one chunk side by side (shared reads)
-    i_t = i_p // (PARTS * NK)
-    i_x = (i_p // NK) % PARTS  # 0: dq (and dk when PARTS == 1), PARTS - 1: dk
+    i_t = i_p // (NC * NK)
+    i_c = (i_p // NK) % NC
     i_k = i_p % NK
     i_h = i_hv // (HV // H)
     _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
-    o_t = tl.arange(0, BT)
-    m_t = o_t < n_rows
-    rows = bos + o_t
+    ref = i_c * BC
+    o_c = tl.arange(0, BC)
+    r_c = ref + o_c
+    m_c = r_c < n_rows
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < DK
-    m_tk = m_t[:, None] & m_k[None, :]
+    m_ck = m_c[:, None] & m_k[None, :]
     p_da = DA + (i_t.to(tl.int64) * HV + i_hv) * BT * BT
+    b_g = gate(GC, bos + r_c[:, None], o_k[None, :], m_ck, i_hv, HV, GK)  # [BC, BK]
+    b_q = tile(Q, bos + r_c[:, None], o_k[None, :], m_ck, i_h, H, DK)
+    b_k = tile(K_, bos + r_c[:, None], o_k[None, :], m_ck, i_h, H, DK)
+    n_blocks = tl.cdiv(n_rows, BC)  # blocks with valid rows
 
-    b_g = gate(GC, rows[:, None], o_k[None, :], m_tk, i_hv, HV, GK)  # [BT, BK]
-    b_q = raw(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)  # q and k held in their dtype
-    b_k = raw(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
+    # dq from the blocks before (none when this block has no valid row, so b_ref is a row's gate)
+    b_dq = tl.zeros([BC, BK], dtype=tl.float32)
+    b_ref = gate(GC, bos + ref, o_k, m_k, i_hv, HV, GK)  # [BK]
+    for i_j in range(tl.where(ref < n_rows, i_c, 0)):
+        r_j = i_j * BC + o_c  # all valid
+        m_jk = (r_j < n_rows)[:, None] & m_k[None, :]
+        b_gj = gate(GC, bos + r_j[:, None], o_k[None, :], m_jk, i_hv, HV, GK)
+        b_kw = tile(K_, bos + r_j[:, None], o_k[None, :], m_jk, i_h, H, DK) * tl.exp(
+            tl.where(m_jk, b_ref[None, :] - b_gj, float("-inf"))
+        )
+        b_da = tl.load(p_da + r_c[:, None] * BT + r_j[None, :])  # [BC, BC] (dA is stored whole)
+        b_dq = mm(b_da, b_kw, b_dq, 1, 1, DOT, EMU, PREC)
+    b_dq = b_dq * tl.exp(tl.where(m_ck, b_g - b_ref[None, :], float("-inf")))
 
-    # dA is read again for each level (from L1), only on the level's groups.
-    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
-    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    # dk from the blocks after that have valid rows, each referred to its own first row
+    b_dk = tl.zeros([BC, BK], dtype=tl.float32)
+    for i_i in range(i_c + 1, n_blocks):
+        r_i = i_i * BC + o_c
+        m_ik = (r_i < n_rows)[:, None] & m_k[None, :]
+        b_ri = gate(GC, bos + i_i * BC, o_k, m_k, i_hv, HV, GK)  # [BK]
+        b_gi = gate(GC, bos + r_i[:, None], o_k[None, :], m_ik, i_hv, HV, GK)
+        b_qu = tile(Q, bos + r_i[:, None], o_k[None, :], m_ik, i_h, H, DK) * tl.exp(
+            tl.where(m_ik, b_gi - b_ri[None, :], float("-inf"))
+        )
+        b_daT = tl.load(p_da + r_i[None, :] * BT + r_c[:, None])  # [BC, BC], [c, i] = dA[i, c]
+        b_p = mm(b_daT, b_qu, tl.zeros([BC, BK], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
+        b_dk += tl.exp(tl.where(m_ck, b_ri[None, :] - b_g, float("-inf"))) * b_p
+
+    # the block's own pairs, level by level
+    n_local = n_rows - ref  # valid rows of the block (may be <= 0)
     for lv in range(LEVELS):
-        S = BT >> (lv + 1)
-        ref, up, lo = level(o_t, n_rows, S)
+        S = BC >> (lv + 1)
+        ref_l, up, lo = level(o_c, n_local, S)
         m_uk = up[:, None] & m_k[None, :]
         m_lk = lo[:, None] & m_k[None, :]
-        b_r = gate(GC, bos + ref[:, None], o_k[None, :], m_uk | m_lk, i_hv, HV, GK)
+        b_r = gate(GC, bos + ref + ref_l[:, None], o_k[None, :], m_uk | m_lk, i_hv, HV, GK)
         # u = exp(b - b_ref) past the reference, w = exp(b_ref - b) before it: other rows, so one exp for both
         b_e = tl.exp(tl.where(m_uk, b_g - b_r, tl.where(m_lk, b_r - b_g, float("-inf"))))
         b_u = tl.where(m_uk, b_e, 0.0)
         b_w = tl.where(m_lk, b_e, 0.0)
-        m_s = (o_t[:, None] // (2 * S)) == (o_t[None, :] // (2 * S))  # the level's groups (symmetric)
-        if PARTS == 1:  # no branch around the dots in the common case
-            b_dq += dq_level(p_da, o_t, m_s, b_k, b_u, b_w, BT, BK, PREC, DOT, EMU)
-            b_dk += dk_level(p_da, o_t, m_s, b_q, b_u, b_w, BT, BK, PREC, DOT, EMU)
-        elif i_x == 0:
-            b_dq += dq_level(p_da, o_t, m_s, b_k, b_u, b_w, BT, BK, PREC, DOT, EMU)
-        else:
-            b_dk += dk_level(p_da, o_t, m_s, b_q, b_u, b_w, BT, BK, PREC, DOT, EMU)
+        m_s = (o_c[:, None] // (2 * S)) == (o_c[None, :] // (2 * S))  # the level's groups (symmetric)
+        b_da = tl.load(p_da + r_c[:, None] * BT + r_c[None, :], mask=m_s, other=0.0)  # [i, j]
+        b_daT = tl.load(p_da + r_c[None, :] * BT + r_c[:, None], mask=m_s, other=0.0)  # [j, i] = dA[i, j]
+        b_dq += b_u * mm(b_da, b_k * b_w, tl.zeros([BC, BK], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
+        b_dk += b_w * mm(b_daT, b_q * b_u, tl.zeros([BC, BK], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
 
-    p_x = (rows[:, None] * HV + i_hv) * DK + o_k[None, :]
-    if i_x == 0:
-        tl.store(DQ + p_x, b_dq, mask=m_tk)
-    if i_x == PARTS - 1:
-        tl.store(DK_ + p_x, b_dk, mask=m_tk)
-
-
-@triton.jit
-def dq_level(
-    p_da,
-    o_t,
-    m_s,
-    b_k,
-    b_u,
-    b_w,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    PREC: tl.constexpr,
-    DOT: tl.constexpr,
-    EMU: tl.constexpr,
-):
-    """One level's share of :func:`chunk_dqk_intra`'s ``dq``: ``u * (dA_S @ (k w))``."""
-    b_da = tl.load(p_da + o_t[:, None] * BT + o_t[None, :], mask=m_s, other=0.0)  # [i, j]
-    return b_u * mm(b_da, b_k.to(tl.float32) * b_w, tl.zeros([BT, BK], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
-
-
-@triton.jit
-def dk_level(
-    p_da,
-    o_t,
-    m_s,
-    b_q,
-    b_u,
-    b_w,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    PREC: tl.constexpr,
-    DOT: tl.constexpr,
-    EMU: tl.constexpr,
-):
-    """One level's share of :func:`chunk_dqk_intra`'s ``dk``: ``w * (dA_S^T @ (q u))``."""
-    b_daT = tl.load(p_da + o_t[None, :] * BT + o_t[:, None], mask=m_s, other=0.0)  # [j, i] = dA[i, j]
-    return b_w * mm(b_daT, b_q.to(tl.float32) * b_u, tl.zeros([BT, BK], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
+    p_x = ((bos + r_c)[:, None] * HV + i_hv) * DK + o_k[None, :]
+    tl.store(DQ + p_x, b_dq, mask=m_ck)
+    tl.store(DK_ + p_x, b_dk, mask=m_ck)
 
 
 @triton.jit

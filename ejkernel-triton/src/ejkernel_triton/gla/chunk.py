@@ -89,7 +89,8 @@ class ChunkFwdParams(_ChunkParams):
     ``chunk_size``: tokens per chunk, 16, 32 or 64; ``block_k``/``block_v``: key/value channels per program of the
     chunk-parallel kernels (the sequential state passes take the heuristic's tiles, sized by the number of sequences
     and value heads), powers of two from 16 to 256, used up to the head dims rounded up to powers of two;
-    ``num_warps`` (a power of two up to 16), ``num_stages`` (1 to 8). None: the heuristic's. Generic
+    ``num_warps`` (a power of two up to 16; not of ``chunk_intra_attn`` and ``chunk_dqk_intra``, whose small
+    tiles take fewer), ``num_stages`` (1 to 8). None: the heuristic's. Generic
     ``q_blocksize``/``num_warps``/``num_stages`` map to ``chunk_size``/``num_warps``/``num_stages``.
 
     >>> ChunkFwdParams(chunk_size=48)
@@ -174,11 +175,12 @@ def _state_tile(d: Dims) -> tuple[int, int]:
 
 def default_plan(d: Dims, stage: str = "fwd") -> Plan:
     """The heuristic: chunks of 64, key/value tiles of up to 64 x 64 channels, state passes' tiles by
-    :func:`_state_tile` (128 x 64 at K = V = 128 with 64 or more sequences x value heads), 8 warps, 2 stages. ptxas
-    for sm_90 at K = V = 128 (2026-12-04): no kernel of either pass spills registers for bfloat16 inputs
-    (``chunk_dqk_inter``, ``chunk_dqk_intra`` and ``chunk_intra_attn``, whose operands are split, take the most:
-    248 to 255 registers a thread); for float32 inputs ``chunk_dqk_inter`` spills 448 bytes (none at the
-    backward's value tiles of 32, its default before; float32 was not timed). Tiles of 64 were the faster on the
+    :func:`_state_tile` (128 x 64 at K = V = 128 with 64 or more sequences x value heads), 8 warps (but
+    :func:`_block_launch`'s), 2 stages. ptxas for sm_90 at K = V = 128 (``benchmarks/ptxas_report.py``): no kernel
+    of either pass spills registers for bfloat16 inputs (``chunk_dqk_inter`` takes the most, 255 registers a
+    thread; ``chunk_intra_attn`` 225 at 2 warps, ``chunk_dqk_intra`` 128 at 4); for float32 inputs
+    ``chunk_dqk_inter`` spills 448 bytes (none at the backward's value tiles of 32, its default before) and
+    ``chunk_intra_attn`` 28 (255 registers at 2 warps, still its fastest as timed). Tiles of 64 were the faster on the
     H200 (B4 T4096 H16 K=V=128 bf16, ``benchmarks/results/2026-12-04-h200-gla-chunk-2.log``: forward + backward
     5.68 ms against 6.09)."""
     bk = min(_DEFAULT_BLOCK, _pow2(d.dk))
@@ -204,16 +206,22 @@ def make_plan(d: Dims, p: _ChunkParams, stage: str = "fwd") -> Plan:
     )
 
 
-def _levels(plan: Plan) -> int:
-    """Levels of the intra-chunk pairs (``_chunk_kernels.level``): log2 of the chunk length."""
-    return plan.chunk.bit_length() - 1
+# chunk_intra_attn and chunk_dqk_intra take a chunk by blocks of this many rows (a dot's smallest side), the pairs
+# inside a block in log2 of it levels (_chunk_kernels.level).
+_BLOCK_ROWS = 16
+_BLOCK_LEVELS = _BLOCK_ROWS.bit_length() - 1
 
 
-def _level_warps(plan: Plan) -> int:
-    """Warps of the kernels that take the intra-chunk pairs level by level (``chunk_intra_attn``,
-    ``chunk_dqk_intra``): the plan's, at least one per 8 rows of a chunk (at 4 warps, chunks of 64 spill registers
-    on sm_90)."""
-    return max(plan.num_warps, plan.chunk // 8)
+def _block_launch(plan: Plan, dot: str, kernel: str) -> dict[str, Any]:
+    """Warps and block constexprs of ``chunk_intra_attn`` / ``chunk_dqk_intra`` (``kernel``: ``"attn"`` or
+    ``"dqk"``) for dots in ``dot``: small tiles, so few warps (several programs per SM), not the plan's. Timed on
+    the H200 (B4 T4096 H16 K=V=128, chunks of 64, each launch alone, 2 / 4 / 8 warps, ms;
+    ``benchmarks/results/2026-12-04-h200-gla-intra-blocks.log``): ``chunk_intra_attn`` bf16 0.689 / 0.838 / 1.872,
+    f32 0.805 / 1.312 / 2.401; ``chunk_dqk_intra`` bf16 0.800 / 0.742 / 1.159, f32 (key tiles of 32) 0.918 / 0.974
+    / 1.902 (the level kernels they replace, one 8-warp program per chunk: 1.070, 1.207, 1.679, 3.298). float16
+    inputs take float32 dots (``_DOT``), so float32's warps."""
+    warps = 4 if kernel == "dqk" and dot == "bf16" else 2
+    return {"num_warps": warps, "num_stages": plan.num_stages, "BC": _BLOCK_ROWS, "LEVELS": _BLOCK_LEVELS}
 
 
 def _params(cls: type[_ChunkParams], plan: Plan) -> Any:
@@ -440,6 +448,8 @@ def _prologue(
     hs, ht = _states(plan, tab, k, v, gc, h0, hs_dtype, split)
     if a is not None:
         return gc, hs, ht, a
+    dots = _dots(q.dtype)
+    blocks = _block_launch(plan, dots["DOT"], "attn")
     (a,) = launch.launch(
         kern.chunk_intra_attn,
         q,
@@ -450,9 +460,7 @@ def _prologue(
         tab.off,
         float(s.scale),
         out_shape=(jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), _operand_dtype(q.dtype)),),
-        grid=(tab.nt, hv),
-        num_warps=_level_warps(plan),
-        num_stages=plan.num_stages,
+        grid=(tab.nt, hv, (plan.chunk // blocks["BC"]) ** 2),
         name="ejkernel_gla_chunk_intra_attn",
         H=h,
         HV=hv,
@@ -460,8 +468,8 @@ def _prologue(
         GK=dk,
         BT=plan.chunk,
         BK=plan.block_k,
-        LEVELS=_levels(plan),
-        **_dots(q.dtype),
+        **blocks,
+        **dots,
     )
     return gc, hs, ht, a
 
@@ -608,9 +616,10 @@ def _backward_rows(
         **common,
     )
     per_head = jax.ShapeDtypeStruct((r, hv, dk), f32)
-    # chunk_dqk_intra's float32 dots (three tf32 passes) spill registers unless dq and dk take programs of their
-    # own (PARTS) with key tiles of at most 32 channels
-    parts, bk_intra = (2, min(plan.block_k, 32)) if _DOT[np.dtype(q.dtype).name] == "fp32" else (1, plan.block_k)
+    # key tiles of at most 32 for float32 dots (three tf32 passes), as timed (_block_launch)
+    dot = _DOT[np.dtype(q.dtype).name]
+    bk_intra = min(plan.block_k, 32) if dot == "fp32" else plan.block_k
+    blocks = _block_launch(plan, dot, "dqk")
     dqi, dki = launch.launch(
         kern.chunk_dqk_intra,
         q,
@@ -621,16 +630,13 @@ def _backward_rows(
         tab.seq,
         tab.off,
         out_shape=(per_head, per_head),
-        grid=(tab.nt * parts * cdiv(dk, bk_intra), hv),
+        grid=(tab.nt * (plan.chunk // blocks["BC"]) * cdiv(dk, bk_intra), hv),
         name="ejkernel_gla_chunk_dqk_intra",
         H=h,
         DK=dk,
         GK=dk,
         BK=bk_intra,
-        LEVELS=_levels(plan),
-        PARTS=parts,
-        num_warps=_level_warps(plan),
-        num_stages=plan.num_stages,
+        **blocks,
         **sizes,
     )
     dq, dk_, dg = launch.launch(
