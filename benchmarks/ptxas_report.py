@@ -1,5 +1,5 @@
-"""Registers, spills and shared memory of every Triton kernel of one chunked ``gla`` or ``gated_delta_rule``
-forward + backward, as ptxas and Triton report them for sm_90, on a machine without a GPU.
+"""Registers, spills and shared memory of every Triton kernel of one chunked ``gla``, ``simple_gla`` (the scalar
+decay of ``lightning_attn`` and ``recurrent``) or ``gated_delta_rule`` forward + backward, as ptxas and Triton report them for sm_90, on a machine without a GPU.
 
 Each launch is compiled the way jax-triton would (``EJKERNEL_TRITON_COMPILE_ONLY=90``, see
 ``ejkernel_triton.launch``) and its PTX is assembled again by the ptxas that Triton itself uses, with ``-v``.
@@ -10,6 +10,7 @@ launch on the GPU, so it is marked ``OVER`` here (and the report goes on, rather
 
     .venv/bin/python benchmarks/ptxas_report.py gla --dtype float32 --bwd block_v=32
     .venv/bin/python benchmarks/ptxas_report.py gated_delta_rule --fwd chunk_size=32 --bwd num_stages=2
+    .venv/bin/python benchmarks/ptxas_report.py simple_gla --fwd block_v=128 --bwd num_warps=8
 
 Shapes: B4 T4096 H16 K=V=128 (``--dims K,V`` to change the head dims).
 """
@@ -43,13 +44,14 @@ def _fields(items: list[str]) -> dict[str, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("op", choices=["gla", "gated_delta_rule"])
+    ap.add_argument("op", choices=["gla", "simple_gla", "gated_delta_rule"])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--dims", default="128,128", help="K,V")
     ap.add_argument("--fwd", nargs="*", default=[], help="ChunkFwdParams fields, name=value")
     ap.add_argument("--bwd", nargs="*", default=[], help="ChunkBwdParams fields, name=value")
     a = ap.parse_args()
 
+    from ejkernel_triton import _simple_chunk as simple
     from ejkernel_triton import launch
     from ejkernel_triton.gated_delta_rule import chunk as gdr
     from ejkernel_triton.gla import chunk as gla
@@ -94,6 +96,9 @@ def main() -> None:
     if a.op == "gla":
         args = (z(b, t, h, dk), z(b, t, h, dk), z(b, t, h, dv), z(b, t, h, dk, d=jnp.float32))
         fn = lambda *x: gla.gla(*x, fwd_params=fp, bwd_params=bp)[0]  # noqa: E731
+    elif a.op == "simple_gla":  # the final state returned: the forward's state pass at float32 accuracy
+        args = (z(b, t, h, dk), z(b, t, h, dk), z(b, t, h, dv), z(b, t, h, d=jnp.float32))
+        fn = lambda *x: simple.simple_gla(*x, output_final_state=True, fwd_params=fp, bwd_params=bp)  # noqa: E731
     else:
         f32 = jnp.float32
         args = (z(b, t, h, dk), z(b, t, h, dk), z(b, t, h, dv), z(b, t, h, d=f32), z(b, t, h, d=f32))

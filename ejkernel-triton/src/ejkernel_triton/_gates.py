@@ -2,10 +2,12 @@
 ``gla``'s key-side log decay, and ``reverse`` becomes a flip of the time axis.
 
 ``recurrent``'s ``S_t = exp(g_t) diag(exp(g_k,t)) S_{t-1} diag(exp(g_v,t)) + k_t^T v_t`` is ``gla`` with ``g_t +
-g_k,t`` as its per-key log decay (and, in the fused recurrent kernel, ``g_v,t`` as a per-value one), and ``lightning_attn``'s per-head decay ``exp(-slope[h])`` is ``gla`` with ``-slope[h]`` on
-every key channel. ``reverse=True`` visits tokens from last to first with the same per-token decay, so it is the
-forward recurrence of the flipped sequence: packed sequences (``cu_seqlens``) are flipped as a whole (their order
-reverses, so the initial and final states' rows are flipped too).
+g_k,t`` as its per-key log decay (and, in the fused recurrent kernel, ``g_v,t`` as a per-value one), and
+``lightning_attn``'s per-head decay ``exp(-slope[h])`` is ``gla`` with ``-slope[h]`` on every key channel. Without a
+key or value gate both are ``simple_gla`` (``ejkernel_triton._simple_chunk``: one log decay per token and head,
+``[B, T, H]``), which the chunked modules call instead. ``reverse=True`` visits tokens from last to first with the
+same per-token decay, so it is the forward recurrence of the flipped sequence: packed sequences (``cu_seqlens``) are
+flipped as a whole (their order reverses, so the initial and final states' rows are flipped too).
 """
 
 from __future__ import annotations
@@ -20,6 +22,16 @@ import jax.numpy as jnp
 def slope_log_decay(q: jax.Array, slope: jax.Array) -> jax.Array:
     """``-slope[h]`` broadcast to ``[B, T, H, K]`` float32 (``q [B, T, H, K]``, ``slope [H]``)."""
     return jnp.broadcast_to(-jnp.asarray(slope).astype(jnp.float32)[:, None], jnp.shape(q))
+
+
+def slope_scalar_decay(q: jax.Array, slope: jax.Array) -> jax.Array:
+    """``-slope[h]`` broadcast to ``[B, T, H]`` float32: one log decay per token and head (``simple_gla``'s)."""
+    return jnp.broadcast_to(-jnp.asarray(slope).astype(jnp.float32), jnp.shape(q)[:3])
+
+
+def scalar_decay(q: jax.Array, g: jax.Array | None) -> jax.Array:
+    """``g [B, T, H]`` as float32 (zeros when absent): one log decay per token and head (``simple_gla``'s)."""
+    return jnp.zeros(jnp.shape(q)[:3], jnp.float32) if g is None else jnp.asarray(g).astype(jnp.float32)
 
 
 def recurrent_log_decay(q: jax.Array, g: jax.Array | None, g_k: jax.Array | None) -> jax.Array:
@@ -45,8 +57,10 @@ def call_gla(
     cu_seqlens: jax.Array | None = None,
     **options: Any,
 ) -> tuple[jax.Array, jax.Array | None]:
-    """``gla(q, k, v, log_decay, ...)``, the tokens visited backwards when ``reverse`` (see the module). A value
-    gate ``log_decay_v`` goes to ``gla`` as its second gate (only the fused recurrent kernel takes one)."""
+    """``gla(q, k, v, log_decay, ...)``, the tokens visited backwards when ``reverse`` (see the module). ``gla``:
+    any callable of ``gla``'s signature whose fourth argument is a log decay with a time axis 1 (``[B, T, H, K]``,
+    or ``[B, T, H]`` for ``simple_gla``). A value gate ``log_decay_v`` goes to ``gla`` as its second gate (only
+    the fused recurrent kernel takes one)."""
     if log_decay_v is not None:
         options["g_v"] = jnp.flip(jnp.asarray(log_decay_v), axis=1) if reverse else log_decay_v
     if not reverse:
