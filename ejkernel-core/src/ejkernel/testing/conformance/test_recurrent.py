@@ -70,11 +70,14 @@ CASES = [
 ]
 # Every case in float32; this one also in half precision (compiling is what costs time on CI).
 ALL = dtype_cases(CASES, {"all_gates": ("bfloat16", "float16")})
-# The GPU tier's realistic shapes (``_linear_attention.GPU_CASES``) and the candidates' call, with every gate.
+# The GPU tier's realistic shapes (``_linear_attention.GPU_CASES``) with every gate, the scalar gate alone and the
+# scalar and key gates (implementations may run each on other kernels: the value gate is declined by some); the
+# candidates' call with every gate.
 ALL_GATES: dict[str, Any] = {"gates": GATES, "gate_scale": 0.1}
 GPU_DTYPE_CASES = [
-    pytest.param(dataclasses.replace(c, **ALL_GATES), d, id=f"{c.name}-{d}")
+    pytest.param(dataclasses.replace(c, gates=gates, gate_scale=0.1), d, id=f"{c.name}-{'_'.join(gates)}-{d}")
     for c in GPU_CASES
+    for gates in (GATES, ("g",), ("g", "g_k"))
     for d in ("bfloat16", "float32")
 ]
 
