@@ -24,60 +24,32 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ejkernel.device import cdiv, fold_vmap, next_power_of_2
+from ejkernel.device import cdiv, fold_vmap
 from ejkernel.kernels.params import coerce
 
 from ejkernel_triton._decode import interpreting
-from ejkernel_triton.gla.chunk import ChunkBwdParams, ChunkFwdParams, _chunk_table, _rows
+from ejkernel_triton.gla.chunk import (
+    _DEFAULT_BLOCK,
+    _DEFAULT_CHUNK,
+    _STATE_PROGRAMS,
+    ChunkBwdParams,
+    ChunkFwdParams,
+    Dims,
+    Plan,
+    _chunk_table,
+    _dims_of,
+    _params,
+    _pow2,
+    _rows,
+)
 
 __all__ = ["Plan", "candidate_cfgs", "default_plan", "heuristic_cfg", "make_plan", "simple_gla"]
-
-_DEFAULT_CHUNK = 64
-_DEFAULT_BLOCK = 64
-# Programs the state passes (sequential over the chunks) should fill at least: about one wave of an H200's SMs.
-_STATE_PROGRAMS = 128
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """One pass's launch: chunk length, key/value tile of the chunk-parallel kernels, warps, stages, and the state
-    passes' tile ``[state_k, state_v]``."""
-
-    chunk: int
-    block_k: int
-    block_v: int
-    num_warps: int
-    num_stages: int
-    state_k: int
-    state_v: int
-
-
-class Dims(NamedTuple):
-    """Head dims, and the states the state passes walk: sequences times heads (0: unknown)."""
-
-    dk: int
-    dv: int
-    states: int = 0
-
-
-def _pow2(n: int) -> int:
-    return max(16, next_power_of_2(n))
-
-
-def _dims_of(invocation: Any) -> Dims:
-    args = getattr(invocation, "arguments", invocation)
-    if not isinstance(args, Mapping):
-        raise TypeError(f"expected an invocation with an .arguments mapping, got {type(invocation).__name__}")
-    q, v, cu = args["q"], args["v"], args.get("cu_seqlens")
-    n = int(q.shape[0]) if cu is None else int(cu.shape[0]) - 1
-    return Dims(int(q.shape[-1]), int(v.shape[-1]), max(n, 1) * int(q.shape[2]))
 
 
 def _state_tile(d: Dims) -> tuple[int, int]:
@@ -114,16 +86,6 @@ def make_plan(d: Dims, p: ChunkFwdParams | ChunkBwdParams, stage: str = "fwd") -
         block_v=min(p.block_v or base.block_v, _pow2(d.dv)),
         num_warps=p.num_warps or base.num_warps,
         num_stages=p.num_stages or base.num_stages,
-    )
-
-
-def _params(cls: type[ChunkFwdParams] | type[ChunkBwdParams], plan: Plan) -> Any:
-    return cls(
-        chunk_size=plan.chunk,
-        block_k=plan.block_k,
-        block_v=plan.block_v,
-        num_warps=plan.num_warps,
-        num_stages=plan.num_stages,
     )
 
 
@@ -456,8 +418,7 @@ def simple_gla(
     g = jnp.asarray(g).astype(jnp.float32)
     h0 = None if initial_state is None else jnp.asarray(initial_state).astype(jnp.float32)
     cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens)
-    n = q.shape[0] if cu is None else cu.shape[0] - 1
-    d = Dims(int(q.shape[-1]), int(v.shape[-1]), max(int(n), 1) * int(q.shape[2]))
+    d = _dims_of({"q": q, "v": v, "cu_seqlens": cu_seqlens})
     s = Static(
         make_plan(d, fp, "fwd"),
         make_plan(d, bp, "bwd"),
