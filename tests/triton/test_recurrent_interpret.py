@@ -186,6 +186,26 @@ def test_lightning_and_recurrent_fold_their_gates_into_gla(kernels, op, gates, r
             _close(g, w, 1e-4)
 
 
+@pytest.mark.parametrize(("op", "gates", "gate_k"), [("lightning_attn", ("slope",), False),
+    ("recurrent", ("g", "g_v"), False), ("recurrent", ("g", "g_k"), True)])  # fmt: skip
+def test_decode_reads_one_decay_per_head_without_a_key_gate(monkeypatch, op, gates, gate_k):
+    """Without a key gate the fused recurrent kernel reads ``[B, T, H]`` decays (``GATE_K`` off), not a ``[B, T, H,
+    K]`` broadcast that XLA would write first."""
+    import importlib
+
+    from ejkernel_triton import _recurrent
+
+    seen = []
+    launch = _recurrent._launch
+    monkeypatch.setattr(_recurrent, "_launch", lambda s, *a: seen.append(a[6].ndim) or launch(s, *a))
+    (q, k, v), all_gates, _ = _one_head_inputs(2)
+    impl = getattr(importlib.import_module(f"ejkernel_triton.{op}.interface"), op)
+    o, _ = impl(q, k, v, **{name: all_gates[name] for name in gates})
+    ref, _ = getattr(reference, op)(q, k, v, **{name: all_gates[name] for name in gates})
+    _close(o, ref, 1e-5)
+    assert seen == [4 if gate_k else 3], seen
+
+
 def test_chunked_recurrent_declines_value_gates():
     """The chunked kernels decay the key side only: they decline ``g_v`` (the fused recurrent kernel takes it)."""
     from ejkernel.ops import Invocation

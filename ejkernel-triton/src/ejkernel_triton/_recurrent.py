@@ -319,6 +319,7 @@ def _launch(
         BK=_pow2(dk),
         BV=s.plan.block_v,
         DELTA=s.delta,
+        GATE_K=g.ndim == 4,
         GATE_V=has_gv,
         L2NORM=s.use_qk_l2norm,
         HAS_H0=has_h0,
@@ -375,10 +376,12 @@ def reference_vjp(s: Any, primals: tuple[Any, ...], cotangents: tuple[jax.Array,
             from ejkernel.testing.reference.gated_delta_rule import gated_delta_rule
 
             o, final = gated_delta_rule(d["q"], d["k"], d["v"], d["g"], d["beta"], use_qk_l2norm=s.use_qk_l2norm, **kw)
-        elif "g_v" in d:  # recurrent's value gate (one head count): g is its key-side log decay
+        elif "g_v" in d or d["g"].ndim == 3:  # recurrent's gates (one head count): g per key channel, or per head
             from ejkernel.testing.reference.recurrent import recurrent
 
-            o, final = recurrent(d["q"], d["k"], d["v"], g_k=d["g"], g_v=d["g_v"], **kw)
+            keyed = d["g"].ndim == 4
+            g_, g_k = (None, d["g"]) if keyed else (d["g"], None)
+            o, final = recurrent(d["q"], d["k"], d["v"], g_, g_k, d.get("g_v"), **kw)
         else:
             from ejkernel.testing.reference.gla import gla
 
@@ -406,9 +409,11 @@ def fused_recurrent(
     cu: jax.Array | None,
 ) -> tuple[jax.Array, ...]:
     """``(o,)``, or ``(o, final state)`` with ``s.output_final_state``: the fused recurrent kernel forward, the
-    reference's VJP backward (module docstring). ``beta`` only for ``gated_delta_rule``; ``h0`` any float dtype
-    (its gradient has it); ``gv`` (``[B, T, HV, V]``, a log decay of the value channels, ``recurrent``'s
-    ``g_v``) only for ``gla``; ``cu`` gets no gradient."""
+    reference's VJP backward (module docstring). ``g``: ``[B, T, HV, K]``, a log decay per key channel (``gla``),
+    or ``[B, T, HV]``, one per token and head (``gated_delta_rule``; ``gla`` for ``lightning_attn`` and
+    ``recurrent`` without a key gate); ``beta`` only for ``gated_delta_rule``; ``h0`` any float dtype (its gradient
+    has it); ``gv`` (``[B, T, HV, V]``, a log decay of the value channels, ``recurrent``'s ``g_v``) only for
+    ``gla``; ``cu`` gets no gradient."""
     return _forward(s, q, k, v, g, gv, beta, h0, cu)
 
 

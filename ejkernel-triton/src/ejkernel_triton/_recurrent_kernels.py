@@ -7,14 +7,16 @@ the state tile is carried between tokens, so the state never goes through memory
 
 Per token (``q``, ``k`` of the value head's query/key head ``hv // (HV // H)``, read in place: no repeat):
 
-* ``gla`` (``DELTA`` off): ``S = diag(exp(g)) S + k^T v``, ``o = scale * q S``, ``g [K]`` per value head;
-  with ``GATE_V`` (``recurrent``'s value gate) also ``S = S diag(exp(g_v))`` before adding ``k^T v``, ``g_v [V]``;
+* ``gla`` (``DELTA`` off): ``S = diag(exp(g)) S + k^T v``, ``o = scale * q S``, ``g [K]`` per value head
+  (``GATE_K``), or one ``g`` per token and head (``lightning_attn``, ``recurrent`` without a key gate: ``S = exp(g)
+  S``); with ``GATE_V`` (``recurrent``'s value gate) also ``S = S diag(exp(g_v))`` before adding ``k^T v``,
+  ``g_v [V]``;
 * ``gated_delta_rule`` (``DELTA`` on): with ``L2NORM`` ``q``, ``k`` divided by ``sqrt(|x|^2 + 1e-6)``;
   ``S = exp(g) S``; ``S += k (beta (v - S^T k))^T``; ``o = scale * S^T q``, ``g`` and ``beta`` scalars.
 
 Layouts (C-contiguous, as the ops take them; ``R = B * T`` rows of tokens):
 
-* ``q``, ``k [R, H, DK]``; ``v [R, HV, DV]``; gates ``g [R, HV, DK]`` (gla) or ``[R, HV]`` (gdr), ``g_v [R, HV, DV]``,
+* ``q``, ``k [R, H, DK]``; ``v [R, HV, DV]``; gates ``g [R, HV, DK]`` (``GATE_K``) or ``[R, HV]``, ``g_v [R, HV, DV]``,
   ``beta [R, HV]``;
 * ``h0``, ``ht [N, HV, DK, DV]`` float32 (``N = B``, or the packed sequences);
 * ``cu [N + 1]`` int32 (``VARLEN``: sequence ``n`` is rows ``[cu[n], cu[n + 1])``, already clamped into
@@ -55,6 +57,7 @@ def fused_recurrent_fwd(
     BK: tl.constexpr,
     BV: tl.constexpr,
     DELTA: tl.constexpr,
+    GATE_K: tl.constexpr,
     GATE_V: tl.constexpr,
     L2NORM: tl.constexpr,
     HAS_H0: tl.constexpr,
@@ -90,21 +93,20 @@ def fused_recurrent_fwd(
         b_q = tl.load(Q + p_qk, mask=m_k, other=0.0).to(tl.float32)
         b_k = tl.load(K + p_qk, mask=m_k, other=0.0).to(tl.float32)
         b_v = tl.load(V + (row * HV + i_hv) * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
-        if DELTA:
-            if L2NORM:
-                b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
-                b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
-            b_g = tl.load(G + row * HV + i_hv).to(tl.float32)
-            b_beta = tl.load(Beta + row * HV + i_hv).to(tl.float32)
-            b_h = b_h * tl.exp(b_g)
-            # what the state holds for k, moved a fraction beta towards v
-            b_v = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))
-        else:
+        if DELTA and L2NORM:
+            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q, 0) + 1e-6)
+            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k, 0) + 1e-6)
+        if GATE_K:  # a log decay per key channel
             b_g = tl.load(G + (row * HV + i_hv) * DK + o_k, mask=m_k, other=0.0).to(tl.float32)
             b_h = b_h * tl.exp(b_g)[:, None]
-            if GATE_V:
-                b_gv = tl.load(GV + (row * HV + i_hv) * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
-                b_h = b_h * tl.exp(b_gv)[None, :]
+        else:  # one per token and head
+            b_h = b_h * tl.exp(tl.load(G + row * HV + i_hv).to(tl.float32))
+        if GATE_V:
+            b_gv = tl.load(GV + (row * HV + i_hv) * DV + o_v, mask=m_v, other=0.0).to(tl.float32)
+            b_h = b_h * tl.exp(b_gv)[None, :]
+        if DELTA:  # what the state holds for k, moved a fraction beta towards v
+            b_beta = tl.load(Beta + row * HV + i_hv).to(tl.float32)
+            b_v = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))
         b_h += b_k[:, None] * b_v[None, :]
         b_o = tl.sum(b_h * b_q[:, None], 0) * scale
         tl.store(O + (row * HV + i_hv) * DV + o_v, b_o.to(O.dtype.element_ty), mask=m_v)

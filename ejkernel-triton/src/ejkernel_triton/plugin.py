@@ -95,8 +95,9 @@ _RECURRENT_GPU_PRIORITY = 110
 # forward in the bench, ours 96).
 _CHUNK_GPU_PRIORITY = 50
 # lightning_attn/recurrent decode on gla's fused kernel: below XLA on GPUs. Their GPU tier passed on an H200
-# (2026-12-03), but lightning's decode step read 3.08 TB/s against XLA's 3.43 (B64 H16 K=V=128, float32 state): the
-# kernel also reads the per-head decay broadcast to a [B, T, H, K] float32 gate, which XLA fuses away.
+# (2026-12-03), but lightning's decode step read 3.08 TB/s against XLA's 3.43 (B64 H16 K=V=128, float32 state),
+# when the kernel read the per-head decay broadcast to a [B, T, H, K] float32 gate (one more XLA op a step). Since
+# 2026-12-04 it reads one decay per token and head (GATE_K off): not yet timed, so still below XLA.
 _FOLDED_DECODE_GPU_PRIORITY = 5
 # The chunked gated_delta_rule (the WY representation): above XLA (10) on GPUs, below the fused recurrent decode
 # kernel (110), which takes decode steps and declines longer sequences. Checked on an H200 (conformance GPU tier at

@@ -107,7 +107,8 @@ def gated_recurrence(
     bwd_params: NoBwdParams | None = None,
 ) -> tuple[jax.Array, jax.Array | None]:
     """:func:`gla`, and with ``g_v [B, T, HV, V]`` also a log decay of the value channels: ``S = diag(exp(g)) S
-    diag(exp(g_v)) + k^T v`` (``recurrent``'s value gate)."""
+    diag(exp(g_v)) + k^T v`` (``recurrent``'s value gate). ``g`` may also be ``[B, T, HV]``, one log decay per token
+    and head (``lightning_attn``, ``recurrent`` without a key gate: a decode step reads one number, not ``K``)."""
     p = coerce(RecurrentParams, fwd_params) or RecurrentParams()
     coerce(NoBwdParams, bwd_params)  # checked: a wrong class is an error, never ignored
     q, k, v, g = (jnp.asarray(x) for x in (q, k, v, g))

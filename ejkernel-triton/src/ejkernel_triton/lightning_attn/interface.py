@@ -1,6 +1,5 @@
-"""Triton ``lightning_attn`` for decoding: the fused recurrent kernel of ``gla`` with every key channel of head
-``h`` decaying by ``exp(-slope[h])`` per token (the per-head decay broadcast to a key-side gate; a decode step reads
-``K`` gate values beside a ``K x V`` float32 state).
+"""Triton ``lightning_attn`` for decoding: the fused recurrent kernel of ``gla`` with the state of head ``h``
+decaying by ``exp(-slope[h])`` per token (one log decay per token and head, ``[B, T, H]``).
 
 Launch parameters, the declined calls and the gradients (the VJP of the core's reference recurrence) are those of
 the Triton ``gla`` (``ejkernel_triton.gla.interface``). Importing this module does not import Triton.
@@ -12,7 +11,7 @@ from typing import Any
 
 import jax
 
-from ejkernel_triton._gates import call_gla, slope_log_decay
+from ejkernel_triton._gates import call_gla, slope_scalar_decay
 from ejkernel_triton._recurrent import NoBwdParams, RecurrentParams, supports_recurrent
 from ejkernel_triton.gla.interface import candidate_cfgs, gla, heuristic_cfg
 
@@ -45,7 +44,7 @@ def lightning_attn(
         q,
         k,
         v,
-        slope_log_decay(q, slope),
+        slope_scalar_decay(q, slope),
         scale=scale,
         initial_state=initial_state,
         output_final_state=output_final_state,

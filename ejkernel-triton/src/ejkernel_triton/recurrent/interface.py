@@ -1,6 +1,7 @@
 """Triton ``recurrent`` for decoding: the fused recurrent kernel of ``gla``, the scalar gate ``g [B, T, H]`` and the
-key gate ``g_k [B, T, H, K]`` added into one key-side log decay, the value gate ``g_v [B, T, H, V]`` applied to the
-state's columns (``S_t = diag(exp(g_t + g_k,t)) S_{t-1} diag(exp(g_v,t)) + k_t^T v_t``).
+key gate ``g_k [B, T, H, K]`` added into one key-side log decay (without ``g_k``: ``g`` alone, one log decay per
+token and head), the value gate ``g_v [B, T, H, V]`` applied to the state's columns (``S_t = diag(exp(g_t +
+g_k,t)) S_{t-1} diag(exp(g_v,t)) + k_t^T v_t``).
 
 ``reverse`` runs the flipped sequence (``ejkernel_triton._gates``). Declined (``supports``): what the Triton
 ``gla`` declines. Launch parameters and gradients (the VJP of the core's reference recurrence) are the Triton
@@ -13,7 +14,7 @@ from typing import Any
 
 import jax
 
-from ejkernel_triton._gates import call_gla, recurrent_log_decay
+from ejkernel_triton._gates import call_gla, recurrent_log_decay, scalar_decay
 from ejkernel_triton._recurrent import NoBwdParams, RecurrentParams, supports_recurrent
 from ejkernel_triton.gla.interface import candidate_cfgs, gated_recurrence, heuristic_cfg
 
@@ -50,7 +51,7 @@ def recurrent(
         q,
         k,
         v,
-        recurrent_log_decay(q, g, g_k),
+        scalar_decay(q, g) if g_k is None else recurrent_log_decay(q, g, g_k),
         log_decay_v=g_v,
         reverse=reverse,
         scale=scale,
