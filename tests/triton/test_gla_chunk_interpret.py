@@ -141,7 +141,7 @@ def test_plans_on_a_gpu(monkeypatch):
     monkeypatch.setattr(chunk, "interpreting", lambda: False)
     d = chunk.Dims(128, 128, 4 * 16)  # B 4 x HV 16: 128 programs of [128, 64] state tiles
     fwd, bwd = chunk.default_plan(d, "fwd"), chunk.default_plan(d, "bwd")
-    assert fwd == chunk.Plan(64, block_k=64, block_v=64, num_warps=8, num_stages=2, state_k=128, state_v=64)
+    assert fwd == chunk.Plan(64, block_k=64, block_v=128, num_warps=8, num_stages=2, state_k=128, state_v=64)
     assert bwd == chunk.Plan(64, block_k=64, block_v=64, num_warps=8, num_stages=2, state_k=128, state_v=64)
     # fewer sequences x value heads: smaller state tiles, so the state passes still get about one wave of programs
     assert [chunk._state_tile(chunk.Dims(128, 128, n)) for n in (0, 32, 16, 2)] == [(128, 64), (64, 64), (64, 32)] + [
