@@ -37,6 +37,8 @@ from ejkernel_triton._decode import interpreting
 from ejkernel_triton.gla.chunk import (
     _DEFAULT_BLOCK,
     _DEFAULT_CHUNK,
+    _DOT,
+    _DUMMY_F32,
     _STATE_PROGRAMS,
     ChunkBwdParams,
     ChunkFwdParams,
@@ -44,6 +46,7 @@ from ejkernel_triton.gla.chunk import (
     Plan,
     _chunk_table,
     _dims_of,
+    _dots,
     _params,
     _pow2,
     _rows,
@@ -135,17 +138,6 @@ class Static:
 
 # Dot operands per input dtype: bfloat16 ones for bfloat16 inputs; float32 for float16 ones as for float32 (a
 # float16 operand made of a state or gradients could overflow past 65504).
-_DOT = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp32"}
-_DUMMY = np.zeros((1,), np.float32)
-
-
-def _dots(dtype: Any) -> dict[str, Any]:
-    """The kernels' dot constexprs for inputs of ``dtype``: float32 operands at three tf32 passes on a GPU;
-    ``"ieee"`` in the interpreter, which also emulates bfloat16 operands by rounded float32 ones (``EMU``)."""
-    dot = _DOT[np.dtype(dtype).name]
-    if interpreting():
-        return {"PREC": "ieee", "DOT": dot, "EMU": dot != "fp32"}
-    return {"PREC": "tf32x3" if dot == "fp32" else "tf32", "DOT": dot, "EMU": False}
 
 
 def _states(plan: Plan, tab: Any, k: jax.Array, v: jax.Array, g: jax.Array, h0: jax.Array | None, *, exact: bool,
@@ -161,7 +153,7 @@ def _states(plan: Plan, tab: Any, k: jax.Array, v: jax.Array, g: jax.Array, h0: 
         k,
         v,
         g,
-        jnp.asarray(_DUMMY) if h0 is None else h0,
+        jnp.asarray(_DUMMY_F32) if h0 is None else h0,
         tab.cu,
         tab.off,
         out_shape=(
@@ -261,7 +253,7 @@ def _backward_rows(
         q,
         do,
         g,
-        jnp.asarray(_DUMMY) if dht is None else dht,
+        jnp.asarray(_DUMMY_F32) if dht is None else dht,
         tab.cu,
         tab.off,
         float(s.scale),
@@ -348,7 +340,7 @@ def _backward_dense(s: Static, has_h0: bool, has_dht: bool, q, k, v, g, h0, do, 
 def _forward(s: Static, q, k, v, g, h0, cu):  # noqa: ANN001, ANN202
     """``(o, final state)``; dense calls fold ``vmap`` into the batch, packed ones run once per element."""
     if cu is None:
-        h0_ = jnp.asarray(_DUMMY) if h0 is None else h0
+        h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0
         run = fold_vmap(
             functools.partial(_forward_dense, s, h0 is not None), (0, 0, 0, 0, 0 if h0 is not None else None), 0
         )
@@ -363,8 +355,8 @@ def _backward(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]
     do = cotangents[0].astype(q.dtype)
     dht = cotangents[1].astype(jnp.float32) if s.output_final_state else None
     if cu is None:
-        h0_ = jnp.asarray(_DUMMY) if h0 is None else h0
-        dht_ = jnp.asarray(_DUMMY) if dht is None else dht
+        h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0
+        dht_ = jnp.asarray(_DUMMY_F32) if dht is None else dht
         run = fold_vmap(
             functools.partial(_backward_dense, s, h0 is not None, dht is not None),
             (0, 0, 0, 0, 0 if h0 is not None else None, 0, 0 if dht is not None else None),

@@ -29,8 +29,9 @@ Layouts (C-contiguous; ``R = B T`` rows of tokens, ``N`` sequences, ``NT`` chunk
 ``k [R, H, DK]``; ``v``, ``o``, ``do [R, H, DV]``; ``g [R, H]`` float32; ``Cu [N + 1]``, ``ChunkOff [N + 1]``,
 ``ChunkSeq [NT]`` int32 (the chunk table of ``ejkernel_triton.gla.chunk``); states ``[NT or N, H, DK, DV]``.
 
-Dots (:func:`mm`): operands in ``DOT`` (``"bf16"`` for bfloat16 inputs, else ``"fp32"`` at ``PREC``), float32
-accumulation; in the interpreter (``EMU``), whose 16-bit dots are wrong, float32 operands holding rounded values.
+Dots (:func:`mm`; it, the loads and the chunk table's reader are ``ejkernel_triton._chunk_kernels``'): operands in
+``DOT`` (``"bf16"`` for bfloat16 inputs, else ``"fp32"`` at ``PREC``), float32 accumulation; in the interpreter
+(``EMU``), whose 16-bit dots are wrong, float32 operands holding rounded values.
 Dot results are never transposed (``tl.trans`` of a dot accumulator is miscompiled by Triton 3.6 on Hopper):
 transposed operands are loaded transposed, and ``dA^T`` is its own product (:func:`simple_dqk`).
 """
@@ -41,36 +42,11 @@ import triton
 import triton.language as tl
 
 from ejkernel_triton import launch as _launch  # noqa: F401  (the interpreter switch, before any @triton.jit)
+from ejkernel_triton._chunk_kernels import chunk_span, mm, raw, state_at
 
 # ------------------------------------------------------------------------------------------------
 # Helpers.
 # ------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def span(Cu, ChunkSeq, ChunkOff, i_t, BT: tl.constexpr):
-    """``(first row (int64), valid rows)`` of chunk ``i_t``; a chunk past its sequence has no rows."""
-    i_n = tl.load(ChunkSeq + i_t)
-    bos = tl.load(Cu + i_n) + (i_t - tl.load(ChunkOff + i_n)) * BT
-    n_rows = tl.minimum(tl.maximum(tl.load(Cu + i_n + 1) - bos, 0), BT)
-    return bos.to(tl.int64), n_rows
-
-
-@triton.jit
-def ld(X, rows, cols, mask, i_h, NH: tl.constexpr, D: tl.constexpr, EMU: tl.constexpr):
-    """``X[rows, i_h, cols]`` of a ``[R, NH, D]`` array in its dtype (float32 when ``EMU``), masked elements 0;
-    ``rows[:, None], cols[None, :]`` for a tile, ``rows[None, :], cols[:, None]`` for its transpose."""
-    x = tl.load(X + (rows * NH + i_h) * D + cols, mask=mask, other=0.0)
-    if EMU:
-        x = x.to(tl.float32)
-    return x
-
-
-@triton.jit
-def state(X, i_s, i_h, o_k, o_v, m_k, m_v, H: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr):
-    """Tile of state ``i_s`` of a ``[*, H, DK, DV]`` array in its dtype (``o_k[:, None], o_v[None, :]``; the
-    transpose: ``o_k[None, :], o_v[:, None]``), masked elements 0."""
-    return tl.load(X + (i_s.to(tl.int64) * H + i_h) * (DK * DV) + o_k * DV + o_v, mask=m_k & m_v, other=0.0)
 
 
 @triton.jit
@@ -79,34 +55,6 @@ def cum_gate(G, rows, m_t, i_h, H: tl.constexpr, BT: tl.constexpr):
     b = tl.cumsum(tl.load(G + rows * H + i_h, mask=m_t, other=0.0).to(tl.float32), axis=0)
     b_l = tl.sum(tl.where(tl.arange(0, BT) == BT - 1, b, 0.0), axis=0)
     return b, b_l
-
-
-@triton.jit
-def rnd(x, DOT: tl.constexpr, EMU: tl.constexpr):
-    """``x`` rounded to the dots' operand dtype (``"fp32"``: unchanged); float32 holding it when ``EMU``."""
-    if DOT == "bf16":
-        y = x.to(tl.bfloat16)
-    else:
-        y = x.to(tl.float32)
-    if EMU:
-        y = y.to(tl.float32)
-    return y
-
-
-@triton.jit
-def mm(a, b, acc, SA: tl.constexpr, SB: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr, PREC: tl.constexpr):
-    """``acc + a @ b`` with operands rounded to ``DOT``; a float32 operand flagged ``SA`` (``SB``) is split in a
-    rounded high part and the rounded rest (one more product: about float32 accuracy when the other operand is
-    exact in ``DOT``)."""
-    a_hi = rnd(a, DOT, EMU)
-    b_hi = rnd(b, DOT, EMU)
-    acc = tl.dot(a_hi, b_hi, acc, input_precision=PREC)
-    if DOT != "fp32":
-        if SA:
-            acc = tl.dot(rnd(a - a_hi.to(tl.float32), DOT, EMU), b_hi, acc, input_precision=PREC)
-        if SB:
-            acc = tl.dot(a_hi, rnd(b - b_hi.to(tl.float32), DOT, EMU), acc, input_precision=PREC)
-    return acc
 
 
 @triton.jit
@@ -173,15 +121,15 @@ def simple_state_fwd(
 
     b_h = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_H0:
-        b_h += state(H0, i_n, i_h, o_k[:, None], o_v[None, :], m_k[:, None], m_v[None, :], H, DK, DV)
+        b_h += state_at(H0, i_n, i_h, o_k[:, None], o_v[None, :], m_k[:, None], m_v[None, :], H, DK, DV)
     for i_c in range(n_chunks):
         i_t = c0 + i_c
         tl.store(Hs + (i_t.to(tl.int64) * H + i_h) * (DK * DV) + p_off, b_h.to(Hs.dtype.element_ty), mask=m_h)
         rows = bos + i_c * BT + o_t
         m_t = rows < eos
         b, b_l = cum_gate(G, rows, m_t, i_h, H, BT)
-        b_kT = ld(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU).to(tl.float32)
-        b_v = ld(V_, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_h, H, DV, EMU)  # [BT, BV]
+        b_kT = raw(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU).to(tl.float32)
+        b_v = raw(V_, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_h, H, DV, EMU)  # [BT, BV]
         b_h = mm(b_kT * tl.exp(b_l - b)[None, :], b_v, b_h * tl.exp(b_l), SPLIT, 0, DOT, EMU, PREC)
     tl.store(HT + (i_n.to(tl.int64) * H + i_h) * (DK * DV) + p_off, b_h, mask=m_h)
 
@@ -214,7 +162,7 @@ def simple_output(
     i_p, i_h = tl.program_id(0), tl.program_id(1)  # the value tiles of one chunk side by side (shared reads)
     i_t = i_p // NV
     i_v = i_p % NV
-    bos, n_rows = span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
     o_t = tl.arange(0, BT)
     m_t = o_t < n_rows
     rows = bos + o_t
@@ -227,13 +175,13 @@ def simple_output(
     for i_k in range(tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
-        b_q = ld(Q, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK, EMU)  # [BT, BK]
-        b_kT = ld(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU)  # [BK, BT]
-        b_h = state(Hs, i_t, i_h, o_k[:, None], o_v[None, :], m_k[:, None], m_v[None, :], H, DK, DV)
+        b_q = raw(Q, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK, EMU)  # [BT, BK]
+        b_kT = raw(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU)  # [BK, BT]
+        b_h = state_at(Hs, i_t, i_h, o_k[:, None], o_v[None, :], m_k[:, None], m_v[None, :], H, DK, DV)
         b_s = mm(b_q, b_kT, b_s, 0, 0, DOT, EMU, PREC)
         b_o = mm(b_q, b_h, b_o, 0, 0, DOT, EMU, PREC)
     b, _ = cum_gate(G, rows, m_t, i_h, H, BT)
-    b_v = ld(V_, rows[:, None], o_v[None, :], m_tv, i_h, H, DV, EMU)
+    b_v = raw(V_, rows[:, None], o_v[None, :], m_tv, i_h, H, DV, EMU)
     b_o = mm(b_s * decay(b, n_rows, BT, False), b_v, b_o * tl.exp(b)[:, None], 0, 0, DOT, EMU, PREC)
     tl.store(O + (rows[:, None] * H + i_h) * DV + o_v[None, :], (b_o * scale).to(O.dtype.element_ty), mask=m_tv)
 
@@ -289,7 +237,7 @@ def simple_state_bwd(
 
     b_dh = tl.zeros([BK, BV], dtype=tl.float32)
     if HAS_DHT:
-        b_dh += state(DHT, i_n, i_h, o_k[:, None], o_v[None, :], m_k[:, None], m_v[None, :], H, DK, DV)
+        b_dh += state_at(DHT, i_n, i_h, o_k[:, None], o_v[None, :], m_k[:, None], m_v[None, :], H, DK, DV)
     for i_r in range(n_chunks):
         i_c = n_chunks - 1 - i_r
         i_t = c0 + i_c
@@ -297,8 +245,8 @@ def simple_state_bwd(
         rows = bos + i_c * BT + o_t
         m_t = rows < eos
         b, b_l = cum_gate(G, rows, m_t, i_h, H, BT)
-        b_qT = ld(Q, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU).to(tl.float32)
-        b_do = ld(DO, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_h, H, DV, EMU)  # [BT, BV]
+        b_qT = raw(Q, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU).to(tl.float32)
+        b_do = raw(DO, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_h, H, DV, EMU)  # [BT, BV]
         b_dh = mm(b_qT * (tl.exp(b) * scale)[None, :], b_do, b_dh * tl.exp(b_l), 1, 0, DOT, EMU, PREC)
     tl.store(DH0 + (i_n.to(tl.int64) * H + i_h) * (DK * DV) + p_off, b_dh, mask=m_h)
 
@@ -331,7 +279,7 @@ def simple_dv(
     i_p, i_h = tl.program_id(0), tl.program_id(1)
     i_t = i_p // NV
     i_v = i_p % NV
-    bos, n_rows = span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
     o_t = tl.arange(0, BT)
     m_t = o_t < n_rows
     rows = bos + o_t
@@ -344,13 +292,13 @@ def simple_dv(
     for i_k in range(tl.cdiv(DK, BK)):
         o_k = i_k * BK + tl.arange(0, BK)
         m_k = o_k < DK
-        b_k = ld(K_, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK, EMU)  # [BT, BK]
-        b_qT = ld(Q, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU)  # [BK, BT]
-        b_dhe = state(DHE, i_t, i_h, o_k[:, None], o_v[None, :], m_k[:, None], m_v[None, :], H, DK, DV)
+        b_k = raw(K_, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK, EMU)  # [BT, BK]
+        b_qT = raw(Q, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU)  # [BK, BT]
+        b_dhe = state_at(DHE, i_t, i_h, o_k[:, None], o_v[None, :], m_k[:, None], m_v[None, :], H, DK, DV)
         b_sT = mm(b_k, b_qT, b_sT, 0, 0, DOT, EMU, PREC)
         b_dv = mm(b_k, b_dhe, b_dv, 0, 0, DOT, EMU, PREC)
     b, b_l = cum_gate(G, rows, m_t, i_h, H, BT)
-    b_do = ld(DO, rows[:, None], o_v[None, :], m_tv, i_h, H, DV, EMU)
+    b_do = raw(DO, rows[:, None], o_v[None, :], m_tv, i_h, H, DV, EMU)
     b_dv = mm(b_sT * (decay(b, n_rows, BT, True) * scale), b_do, b_dv * tl.exp(b_l - b)[:, None], 0, 0, DOT, EMU, PREC)
     tl.store(DV_ + (rows[:, None] * H + i_h) * DV + o_v[None, :], b_dv.to(DV_.dtype.element_ty), mask=m_tv)
 
@@ -399,7 +347,7 @@ def simple_dqk(
     i_p, i_h = tl.program_id(0), tl.program_id(1)  # the key tiles of one chunk side by side (shared reads)
     i_t = i_p // NK
     i_k = i_p % NK
-    bos, n_rows = span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
     o_t = tl.arange(0, BT)
     m_t = o_t < n_rows
     rows = bos + o_t
@@ -415,19 +363,19 @@ def simple_dqk(
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
         m_tv = m_t[:, None] & m_v[None, :]
-        b_do = ld(DO, rows[:, None], o_v[None, :], m_tv, i_h, H, DV, EMU)  # [BT, BV]
-        b_v = ld(V_, rows[:, None], o_v[None, :], m_tv, i_h, H, DV, EMU)
-        b_vT = ld(V_, rows[None, :], o_v[:, None], m_v[:, None] & m_t[None, :], i_h, H, DV, EMU)  # [BV, BT]
-        b_hT = state(Hs, i_t, i_h, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], H, DK, DV)  # [BV, BK]
-        b_dheT = state(DHE, i_t, i_h, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], H, DK, DV)
+        b_do = raw(DO, rows[:, None], o_v[None, :], m_tv, i_h, H, DV, EMU)  # [BT, BV]
+        b_v = raw(V_, rows[:, None], o_v[None, :], m_tv, i_h, H, DV, EMU)
+        b_vT = raw(V_, rows[None, :], o_v[:, None], m_v[:, None] & m_t[None, :], i_h, H, DV, EMU)  # [BV, BT]
+        b_hT = state_at(Hs, i_t, i_h, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], H, DK, DV)  # [BV, BK]
+        b_dheT = state_at(DHE, i_t, i_h, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], H, DK, DV)
         b_da = mm(b_do, b_vT, b_da, 0, 0, DOT, EMU, PREC)
         b_dq = mm(b_do, b_hT, b_dq, 0, 1, DOT, EMU, PREC)
         b_dk = mm(b_v, b_dheT, b_dk, 0, 1, DOT, EMU, PREC)
         b_hd += tl.sum(b_hT * b_dheT, axis=0)
     b, b_l = cum_gate(G, rows, m_t, i_h, H, BT)
-    b_q = ld(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)  # [BT, BK]
-    b_k = ld(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
-    b_kT = ld(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU)  # [BK, BT]
+    b_q = raw(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)  # [BT, BK]
+    b_k = raw(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
+    b_kT = raw(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU)  # [BK, BT]
     b_s = mm(b_q, b_kT, tl.zeros([BT, BT], dtype=tl.float32), 0, 0, DOT, EMU, PREC)  # this tile's q @ k^T
     b_d = b_da * (decay(b, n_rows, BT, False) * scale)
     b_m = b_d * b_s
@@ -446,8 +394,8 @@ def simple_dqk(
     for i_v in range(tl.cdiv(DV, BV)):
         o_v = i_v * BV + tl.arange(0, BV)
         m_v = o_v < DV
-        b_v = ld(V_, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_h, H, DV, EMU)
-        b_doT = ld(DO, rows[None, :], o_v[:, None], m_v[:, None] & m_t[None, :], i_h, H, DV, EMU)  # [BV, BT]
+        b_v = raw(V_, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_h, H, DV, EMU)
+        b_doT = raw(DO, rows[None, :], o_v[:, None], m_v[:, None] & m_t[None, :], i_h, H, DV, EMU)  # [BV, BT]
         b_daT = mm(b_v, b_doT, b_daT, 0, 0, DOT, EMU, PREC)
     b_dk = mm(b_daT * (decay(b, n_rows, BT, True) * scale), b_q, b_dk * e_k[:, None], 0, 0, DOT, EMU, PREC)
     tl.store(DK_ + p_x, b_dk.to(DK_.dtype.element_ty), mask=m_tk)
