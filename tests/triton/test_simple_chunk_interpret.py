@@ -125,6 +125,49 @@ def test_strong_decay_and_backward_with_other_chunks():
     _check(got, _outputs_and_grads(reference.recurrent, args, h0), None, f32_tol=2e-5)
 
 
+def _kernels(fn):
+    names = []
+    real = launch.launch
+
+    def record(kernel, *a, **kw):
+        names.append(kernel.__name__)
+        return real(kernel, *a, **kw)
+
+    launch.launch = record
+    try:
+        fn()
+    finally:
+        launch.launch = real
+    return set(names)
+
+
+def test_lightning_and_recurrent_route_to_the_scalar_kernels():
+    """``lightning_attn`` and ``recurrent`` without a key gate run ``simple_gla`` (slope's gradient through the
+    broadcast decay, checked against the reference); ``recurrent`` with a key gate the chunked ``gla``."""
+    from ejkernel_triton.lightning_attn import chunk as lightning
+    from ejkernel_triton.recurrent import chunk as rec
+
+    (q, k, v, g), h0 = _inputs(1, 20, 2, 16, 16, jnp.float32, seed=2)
+    slope = jnp.asarray([0.1, 0.7], jnp.float32)
+
+    def lightning_grads(fn):
+        def loss(q, k, v, slope, h0):
+            o, s = fn(q, k, v, slope, initial_state=h0, output_final_state=True)
+            return jnp.sum(o * jnp.cos(o)) + jnp.sum(s**2)
+
+        return jax.grad(loss, argnums=tuple(range(5)))(q, k, v, slope, h0)
+
+    got, want = {}, lightning_grads(reference.lightning_attn)
+    names = _kernels(lambda: got.update(enumerate(lightning_grads(lightning.lightning_attn))))
+    for i, w in enumerate(want):  # q, k, v, slope, initial_state
+        assert _rel(got[i], w) < 1e-5, (i, _rel(got[i], w))
+    assert names == {"simple_state_fwd", "simple_output", "simple_state_bwd", "simple_dv", "simple_dqk"}, names
+    assert _kernels(lambda: rec.recurrent(q, k, v, g, reverse=True)) == {"simple_state_fwd", "simple_output"}
+    assert _kernels(lambda: rec.recurrent(q, k, v)) == {"simple_state_fwd", "simple_output"}
+    keyed = _kernels(lambda: rec.recurrent(q, k, v, g, g_k=jnp.zeros_like(q)))  # the chunked gla's kernels
+    assert keyed and not any(name.startswith("simple_") for name in keyed), keyed
+
+
 def test_plans():
     d = simple.Dims(128, 128, 64)
     assert simple.default_plan(d) == simple.Plan(64, 64, 64, 4, 2, 64, 64)

@@ -4,8 +4,8 @@
 ``recurrent``'s ``S_t = exp(g_t) diag(exp(g_k,t)) S_{t-1} diag(exp(g_v,t)) + k_t^T v_t`` is ``gla`` with ``g_t +
 g_k,t`` as its per-key log decay (and, in the fused recurrent kernel, ``g_v,t`` as a per-value one), and
 ``lightning_attn``'s per-head decay ``exp(-slope[h])`` is ``gla`` with ``-slope[h]`` on every key channel. Without a
-key or value gate both have one log decay per token and head, ``[B, T, H]``: the fused recurrent kernel reads it
-as such (``GATE_K`` off), as will ``simple_gla`` (``ejkernel_triton._simple_chunk``, not routed yet). ``reverse=True`` visits tokens from last to first with the
+key or value gate both have one log decay per token and head, ``[B, T, H]``: the chunked modules run it on
+``simple_gla`` (``ejkernel_triton._simple_chunk``), the fused recurrent kernel reads it as such (``GATE_K`` off). ``reverse=True`` visits tokens from last to first with the
 same per-token decay, so it is the forward recurrence of the flipped sequence: packed sequences (``cu_seqlens``) are
 flipped as a whole (their order reverses, so the initial and final states' rows are flipped too).
 """

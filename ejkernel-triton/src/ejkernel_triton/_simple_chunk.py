@@ -1,8 +1,6 @@
 """Chunked linear attention with one scalar log decay per token and head (``simple_gla``): the kernels of
-``ejkernel_triton._simple_chunk_kernels``, forward and backward. Not yet what ``lightning_attn`` and ``recurrent``
-run: its ``g`` gradient loses accuracy under strong decay (float32, gates of -8 a token: ``slope``'s gradient
-1e-5 to 8e-4 relative to the reference, against 1e-6 to 1.4e-5 on the chunked gla kernels; the conformance suite
-asks 1e-4), so they stay on ``ejkernel_triton.gla.chunk`` until it is mended.
+``ejkernel_triton._simple_chunk_kernels``, forward and backward. ``lightning_attn`` and ``recurrent`` without a key
+gate run on it.
 
 Shapes: ``q``, ``k [B, T, H, K]``, ``v [B, T, H, V]``, ``g [B, T, H]`` (log decay, ``<= 0``), states ``[B or N, H,
 K, V]``, ``cu_seqlens [N + 1]`` (``B == 1``). Per sequence and head: ``S_t = exp(g_t) S_{t-1} + k_t^T v_t``,

@@ -89,8 +89,10 @@ _RECURRENT_GPU_PRIORITY = 110
 # XLA's 3.08, forward+backward 6.64 against 7.72 (flash-linear-attention: about 0.9-1.0 and 4.15). lightning_attn and
 # recurrent chunked (_CHUNK_GPU_PRIORITY): above XLA too. On gla's kernels (recurrent with a key gate) they beat XLA
 # on the H200 (2026-12-04, `ejkernel bench lightning_attn|recurrent`, B4 T4096 H16 K=V=128 bf16: forward 16.0 against
-# 9.8 TFLOP/s, forward+backward 14.9 against 12.7). The scalar-decay kernels (ejkernel_triton._simple_chunk, lightning
-# forward 0.27 ms against XLA's 2.36 on the H200) are not routed yet: their gate gradient's accuracy (see there).
+# 9.8 TFLOP/s, forward+backward 14.9 against 12.7); without a key gate they run simple_gla's kernels
+# (ejkernel_triton._simple_chunk): lightning forward 0.27 ms against XLA's 2.36, forward+backward 1.40 against 6.24
+# (benchmarks/gpucheck/simple_chunk.py, outputs and gradients checked first; fla's chunk_simple_gla: 81 TFLOP/s
+# forward in the bench, ours 96).
 _CHUNK_GPU_PRIORITY = 50
 # lightning_attn/recurrent decode on gla's fused kernel: below XLA on GPUs. Their GPU tier passed on an H200
 # (2026-12-03), but lightning's decode step read 3.08 TB/s against XLA's 3.43 (B64 H16 K=V=128, float32 state),

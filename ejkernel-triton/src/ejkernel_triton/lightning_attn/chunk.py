@@ -1,9 +1,10 @@
-"""Triton ``lightning_attn`` for training shapes: the chunked ``gla`` kernels (``ejkernel_triton.gla.chunk``) with
-every key channel of head ``h`` decaying by ``exp(-slope[h])`` per token (``ejkernel_triton._gates``).
+"""Triton ``lightning_attn`` for training shapes: ``simple_gla``'s chunked kernels (``ejkernel_triton._simple_chunk``)
+with the log decay ``-slope[h]`` on every token of head ``h`` (``ejkernel_triton._gates``); ``slope``'s gradient is
+the sum of the per-token decays' (through the broadcast).
 
-Launch parameters (:class:`~ejkernel_triton.gla.chunk.ChunkFwdParams`, :class:`~ejkernel_triton.gla.chunk.ChunkBwdParams`),
-the declined calls, the backward and its memory are the chunked ``gla``'s. Importing this module does not import
-Triton.
+Launch parameters (:class:`~ejkernel_triton.gla.chunk.ChunkFwdParams`,
+:class:`~ejkernel_triton.gla.chunk.ChunkBwdParams`) and the backward are ``simple_gla``'s; the declined calls the
+chunked ``gla``'s, and decode steps on a GPU. Importing this module does not import Triton.
 """
 
 from __future__ import annotations
@@ -12,10 +13,11 @@ from typing import Any
 
 import jax
 
-from ejkernel_triton._gates import call_gla, recurrent_log_decay, slope_scalar_decay
+from ejkernel_triton._gates import call_gla, slope_scalar_decay
 from ejkernel_triton._recurrent import decode_reason
+from ejkernel_triton._simple_chunk import candidate_cfgs, heuristic_cfg, simple_gla
 from ejkernel_triton.gla import chunk
-from ejkernel_triton.gla.chunk import ChunkBwdParams, ChunkFwdParams, candidate_cfgs, heuristic_cfg
+from ejkernel_triton.gla.chunk import ChunkBwdParams, ChunkFwdParams
 
 __all__ = ["candidate_cfgs", "heuristic_cfg", "lightning_attn", "supports"]
 
@@ -44,11 +46,11 @@ def lightning_attn(
     Shapes: ``q``, ``k``, ``v [B, T, H, K|V]``, ``slope [H]``, ``initial_state [B or N, H, K, V]``, ``cu_seqlens
     [N + 1]``; returns ``(o [B, T, H, V] in q's dtype, final state float32 or None)``."""
     return call_gla(
-        chunk.gla,
+        simple_gla,
         q,
         k,
         v,
-        recurrent_log_decay(q, slope_scalar_decay(q, slope), None),  # -slope[h] on every key channel
+        slope_scalar_decay(q, slope),
         scale=scale,
         initial_state=initial_state,
         output_final_state=output_final_state,

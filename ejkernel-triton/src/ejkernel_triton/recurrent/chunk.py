@@ -1,11 +1,12 @@
-"""Triton ``recurrent`` for training shapes: the chunked ``gla`` kernels (``ejkernel_triton.gla.chunk``), the scalar
-gate ``g [B, T, H]`` and the key gate ``g_k [B, T, H, K]`` added into one key-side log decay, ``reverse`` as the
-flipped sequence (``ejkernel_triton._gates``).
+"""Triton ``recurrent`` for training shapes, ``reverse`` as the flipped sequence (``ejkernel_triton._gates``):
+without a key gate ``g_k``, ``simple_gla``'s chunked kernels (``ejkernel_triton._simple_chunk``) with the scalar gate
+``g [B, T, H]`` (zeros when absent) as the per-token log decay; with one, the chunked ``gla`` kernels
+(``ejkernel_triton.gla.chunk``) with ``g`` and ``g_k`` added into one key-side log decay ``[B, T, H, K]``.
 
 Declined (``supports``): a value gate ``g_v`` (the kernels decay the key side), besides what the chunked ``gla``
-declines. Launch parameters (:class:`~ejkernel_triton.gla.chunk.ChunkFwdParams`,
-:class:`~ejkernel_triton.gla.chunk.ChunkBwdParams`), the backward and its memory are the chunked ``gla``'s. Importing
-this module does not import Triton.
+declines, and decode steps on a GPU (``decode_reason``). Launch parameters
+(:class:`~ejkernel_triton.gla.chunk.ChunkFwdParams`, :class:`~ejkernel_triton.gla.chunk.ChunkBwdParams`) go to
+whichever kernels run (the heuristic and the candidates are theirs). Importing this module does not import Triton.
 """
 
 from __future__ import annotations
@@ -14,12 +15,26 @@ from typing import Any
 
 import jax
 
-from ejkernel_triton._gates import call_gla, recurrent_log_decay
+from ejkernel_triton import _simple_chunk as simple
+from ejkernel_triton._gates import call_gla, recurrent_log_decay, scalar_decay
 from ejkernel_triton._recurrent import arguments, decode_reason
 from ejkernel_triton.gla import chunk
-from ejkernel_triton.gla.chunk import ChunkBwdParams, ChunkFwdParams, candidate_cfgs, heuristic_cfg
+from ejkernel_triton.gla.chunk import ChunkBwdParams, ChunkFwdParams
 
 __all__ = ["candidate_cfgs", "heuristic_cfg", "recurrent", "supports"]
+
+
+def _keyed(inv: Any) -> bool:
+    """Whether the call has a key gate (then the chunked ``gla`` kernels run it)."""
+    return arguments(inv).get("g_k") is not None
+
+
+def heuristic_cfg(inv: Any, stage: str = "fwd") -> ChunkFwdParams | ChunkBwdParams:
+    return chunk.heuristic_cfg(inv, stage) if _keyed(inv) else simple.heuristic_cfg(inv, stage)
+
+
+def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[ChunkBwdParams]:
+    return chunk.candidate_cfgs(inv, stage) if _keyed(inv) else simple.candidate_cfgs(inv, stage)
 
 
 def supports(inv: Any) -> str | None:
@@ -51,12 +66,16 @@ def recurrent(
     None)``."""
     if g_v is not None:  # what supports() declines, when called directly
         raise ValueError("ejkernel-triton recurrent (chunked): a value gate g_v is not supported")
+    if g_k is None:
+        kernels, log_decay = simple.simple_gla, scalar_decay(q, g)
+    else:
+        kernels, log_decay = chunk.gla, recurrent_log_decay(q, g, g_k)
     return call_gla(
-        chunk.gla,
+        kernels,
         q,
         k,
         v,
-        recurrent_log_decay(q, g, g_k),
+        log_decay,
         reverse=reverse,
         scale=scale,
         initial_state=initial_state,
