@@ -85,19 +85,18 @@ _CHUNK_FWD, _CHUNK_BWD = "ejkernel_triton.gla.chunk:ChunkFwdParams", "ejkernel_t
 _RECURRENT_GPU_PRIORITY = 110
 # The chunked ``gla`` kernels (ejkernel_triton.gla.chunk), forward and backward: above XLA (10) on GPUs, below the
 # fused recurrent decode kernel (110). Checked on an H200 (conformance GPU tier, gradients included, and
-# benchmarks/gpucheck/gla_chunk.py, 2026-12-04) and timed there at B4 T4096 H16 K=V=128 bf16: forward 1.73 ms against
-# XLA's 3.08, forward+backward 6.64 against 7.72 (flash-linear-attention: about 0.9-1.0 and 4.15). lightning_attn and
-# recurrent chunked (_CHUNK_GPU_PRIORITY): above XLA too. On gla's kernels (recurrent with a key gate) they beat XLA
-# on the H200 (2026-12-04, `ejkernel bench lightning_attn|recurrent`, B4 T4096 H16 K=V=128 bf16: forward 16.0 against
-# 9.8 TFLOP/s, forward+backward 14.9 against 12.7); without a key gate they run simple_gla's kernels
-# (ejkernel_triton._simple_chunk): lightning forward 0.27 ms against XLA's 2.36, forward+backward 1.40 against 6.24
-# (benchmarks/gpucheck/simple_chunk.py, outputs and gradients checked first; fla's chunk_simple_gla: 81 TFLOP/s
-# forward in the bench, ours 96).
+# benchmarks/gpucheck/gla_chunk.py, 2026-12-04) and timed there at B4 T4096 H16 K=V=128 bf16: forward 1.51 ms against
+# XLA's 2.99, forward+backward 4.25 against 7.86 (flash-linear-attention: about 0.9-1.0 and 4.15). lightning_attn and
+# recurrent chunked (_CHUNK_GPU_PRIORITY): above XLA too. With a key gate recurrent runs gla's kernels (forward 16.0
+# against XLA's 9.8 TFLOP/s, forward+backward 14.9 against 12.7, `ejkernel bench recurrent`, 2026-12-04); without
+# one both run simple_gla's (ejkernel_triton._simple_chunk; `ejkernel bench lightning_attn|recurrent`, same shape,
+# 2026-12-04 session of 16:15, outputs and gradients checked first on the GPU: forward 95 TFLOP/s against XLA's 10.8
+# and fla chunk_simple_gla's 65-69, forward+backward 56 against 12.3; fla refuses its backward on Triton 3.6).
 _CHUNK_GPU_PRIORITY = 50
 # lightning_attn/recurrent decode on gla's fused kernel: below XLA on GPUs. Their GPU tier passed on an H200
-# (2026-12-03), but lightning's decode step read 3.08 TB/s against XLA's 3.43 (B64 H16 K=V=128, float32 state),
-# when the kernel read the per-head decay broadcast to a [B, T, H, K] float32 gate (one more XLA op a step). Since
-# 2026-12-04 it reads one decay per token and head (GATE_K off): not yet timed, so still below XLA.
+# (2026-12-03). Reading one decay per token and head (GATE_K off) did not make it faster: lightning's decode step
+# (`ejkernel bench lightning_attn-decode --preset lightning-decode`, 2026-12-04, float32 state [B, H16, 128, 128])
+# read 3.19 TB/s against XLA's 3.42 at B64, 3.36 against 3.81 at B256, 0.125 against 0.133 at B1.
 _FOLDED_DECODE_GPU_PRIORITY = 5
 # The chunked gated_delta_rule (the WY representation): above XLA (10) on GPUs, below the fused recurrent decode
 # kernel (110), which takes decode steps and declines longer sequences. Checked on an H200 (conformance GPU tier at
