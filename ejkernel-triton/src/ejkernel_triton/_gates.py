@@ -54,8 +54,8 @@ def call_gla(
 ) -> tuple[jax.Array, jax.Array | None]:
     """``gla(q, k, v, log_decay, ...)``, the tokens visited backwards when ``reverse`` (see the module). ``gla``:
     any callable of ``gla``'s signature whose fourth argument is a log decay with a time axis 1 (``[B, T, H, K]``,
-    or ``[B, T, H]`` for ``simple_gla``). A value gate ``log_decay_v`` goes to ``gla`` as its second gate (only
-    the fused recurrent kernel takes one)."""
+    ``[B, T, H]`` for ``simple_gla``, ``[B, T, H, V]`` for ``value_gla``). A value gate ``log_decay_v`` goes to
+    ``gla`` as its second gate (the fused recurrent kernel's; ``value_gla`` takes its one gate as ``log_decay``)."""
     if log_decay_v is not None:
         options["g_v"] = jnp.flip(jnp.asarray(log_decay_v), axis=1) if reverse else log_decay_v
     if not reverse:

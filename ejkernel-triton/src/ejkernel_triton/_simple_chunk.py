@@ -321,68 +321,66 @@ def _backward_rows(
 # ------------------------------------------------------------------------------------------------
 
 
-def _forward_dense(s: Static, has_h0: bool, q, k, v, g, h0):  # noqa: ANN001, ANN202
-    b, t = q.shape[:2]
-    tab = _chunk_table(b, t, s.fwd.chunk, None)
-    o, ht = _forward_rows(s, tab, _rows(q), _rows(k), _rows(v), _rows(g), h0 if has_h0 else None)
-    return o.reshape(v.shape), ht
+def chunked_vjp(forward_rows: Any, backward_rows: Any) -> Any:
+    """The differentiable call ``(s, q, k, v, g, h0, cu) -> (o, final state)`` of a chunked kernel family, from its
+    passes over token rows laid out by a chunk table: ``forward_rows(s, tab, q, k, v, g, h0) -> (o, final)`` and
+    ``backward_rows(s, tab, q, k, v, g, h0, do, dht) -> (dq, dk, dv, dg, dh0)`` (``q`` ``[R, H, K]``, ``g`` any
+    trailing dims). Dense calls fold ``vmap`` into the batch, packed ones (``cu``) run once per element; residuals:
+    the inputs; ``g`` and ``h0`` float32, ``cu`` gets no gradient."""
 
+    def forward_dense(s: Static, has_h0: bool, q, k, v, g, h0):  # noqa: ANN001, ANN202
+        b, t = q.shape[:2]
+        tab = _chunk_table(b, t, s.fwd.chunk, None)
+        o, ht = forward_rows(s, tab, _rows(q), _rows(k), _rows(v), _rows(g), h0 if has_h0 else None)
+        return o.reshape(v.shape), ht
 
-def _backward_dense(s: Static, has_h0: bool, has_dht: bool, q, k, v, g, h0, do, dht):  # noqa: ANN001, ANN202
-    b, t = q.shape[:2]
-    tab = _chunk_table(b, t, s.bwd.chunk, None)
-    dq, dk, dv, dg, dh0 = _backward_rows(
-        s, tab, _rows(q), _rows(k), _rows(v), _rows(g), h0 if has_h0 else None, _rows(do), dht if has_dht else None
-    )
-    return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), dg.reshape(g.shape), dh0
-
-
-def _forward(s: Static, q, k, v, g, h0, cu):  # noqa: ANN001, ANN202
-    """``(o, final state)``; dense calls fold ``vmap`` into the batch, packed ones run once per element."""
-    if cu is None:
-        h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0
-        run = fold_vmap(
-            functools.partial(_forward_dense, s, h0 is not None), (0, 0, 0, 0, 0 if h0 is not None else None), 0
+    def backward_dense(s: Static, has_h0: bool, has_dht: bool, q, k, v, g, h0, do, dht):  # noqa: ANN001, ANN202
+        b, t = q.shape[:2]
+        tab = _chunk_table(b, t, s.bwd.chunk, None)
+        dq, dk, dv, dg, dh0 = backward_rows(
+            s, tab, _rows(q), _rows(k), _rows(v), _rows(g), h0 if has_h0 else None, _rows(do), dht if has_dht else None
         )
-        return run(q, k, v, g, h0_)
-    tab = _chunk_table(1, q.shape[1], s.fwd.chunk, cu)
-    o, ht = _forward_rows(s, tab, q[0], k[0], v[0], g[0], h0)
-    return o[None], ht
+        return dq.reshape(q.shape), dk.reshape(k.shape), dv.reshape(v.shape), dg.reshape(g.shape), dh0
+
+    def forward(s: Static, q, k, v, g, h0, cu):  # noqa: ANN001, ANN202
+        if cu is None:
+            h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0
+            run = fold_vmap(
+                functools.partial(forward_dense, s, h0 is not None), (0, 0, 0, 0, 0 if h0 is not None else None), 0
+            )
+            return run(q, k, v, g, h0_)
+        tab = _chunk_table(1, q.shape[1], s.fwd.chunk, cu)
+        o, ht = forward_rows(s, tab, q[0], k[0], v[0], g[0], h0)
+        return o[None], ht
+
+    def backward(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:
+        q, k, v, g, h0, cu = res
+        do = cotangents[0].astype(q.dtype)
+        dht = cotangents[1].astype(jnp.float32) if s.output_final_state else None
+        if cu is None:
+            h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0
+            dht_ = jnp.asarray(_DUMMY_F32) if dht is None else dht
+            run = fold_vmap(
+                functools.partial(backward_dense, s, h0 is not None, dht is not None),
+                (0, 0, 0, 0, 0 if h0 is not None else None, 0, 0 if dht is not None else None),
+                0,
+            )
+            dq, dk, dv, dg, dh0 = run(q, k, v, g, h0_, do, dht_)
+        else:
+            tab = _chunk_table(1, q.shape[1], s.bwd.chunk, cu)
+            dq, dk, dv, dg, dh0 = backward_rows(s, tab, q[0], k[0], v[0], g[0], h0, do[0], dht)
+            dq, dk, dv, dg = dq[None], dk[None], dv[None], dg[None]
+        return dq, dk, dv, dg, None if h0 is None else dh0, None
+
+    @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+    def call(s: Static, q, k, v, g, h0, cu):  # noqa: ANN001, ANN202
+        return forward(s, q, k, v, g, h0, cu)
+
+    call.defvjp(lambda s, *args: (forward(s, *args), args), backward)
+    return call
 
 
-def _backward(s: Static, res: tuple[Any, ...], cotangents: tuple[jax.Array, ...]) -> tuple[Any, ...]:
-    q, k, v, g, h0, cu = res
-    do = cotangents[0].astype(q.dtype)
-    dht = cotangents[1].astype(jnp.float32) if s.output_final_state else None
-    if cu is None:
-        h0_ = jnp.asarray(_DUMMY_F32) if h0 is None else h0
-        dht_ = jnp.asarray(_DUMMY_F32) if dht is None else dht
-        run = fold_vmap(
-            functools.partial(_backward_dense, s, h0 is not None, dht is not None),
-            (0, 0, 0, 0, 0 if h0 is not None else None, 0, 0 if dht is not None else None),
-            0,
-        )
-        dq, dk, dv, dg, dh0 = run(q, k, v, g, h0_, do, dht_)
-    else:
-        tab = _chunk_table(1, q.shape[1], s.bwd.chunk, cu)
-        dq, dk, dv, dg, dh0 = _backward_rows(s, tab, q[0], k[0], v[0], g[0], h0, do[0], dht)
-        dq, dk, dv, dg = dq[None], dk[None], dv[None], dg[None]
-    return dq, dk, dv, dg, None if h0 is None else dh0, None
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _simple_chunk(
-    s: Static, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, h0: jax.Array | None, cu: jax.Array | None
-) -> tuple[jax.Array, jax.Array]:
-    """``(o, final state)``; ``g`` and ``h0`` float32, ``cu`` gets no gradient."""
-    return _forward(s, q, k, v, g, h0, cu)
-
-
-def _simple_chunk_fwd(s: Static, q, k, v, g, h0, cu):  # noqa: ANN001, ANN202
-    return _forward(s, q, k, v, g, h0, cu), (q, k, v, g, h0, cu)
-
-
-_simple_chunk.defvjp(_simple_chunk_fwd, _backward)
+_simple_chunk = chunked_vjp(_forward_rows, _backward_rows)
 
 
 def simple_gla(

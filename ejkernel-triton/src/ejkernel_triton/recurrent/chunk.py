@@ -3,7 +3,8 @@ without a key gate ``g_k``, ``simple_gla``'s chunked kernels (``ejkernel_triton.
 ``g [B, T, H]`` (zeros when absent) as the per-token log decay; with one, the chunked ``gla`` kernels
 (``ejkernel_triton.gla.chunk``) with ``g`` and ``g_k`` added into one key-side log decay ``[B, T, H, K]``.
 
-Declined (``supports``): a value gate ``g_v`` (the kernels decay the key side), besides what the chunked ``gla``
+Declined (``supports``): a value gate ``g_v`` (the kernels decay the key side; ``recurrent.value_chunk`` takes it
+without a key gate), besides what the chunked ``gla``
 declines, and decode steps on a GPU (``decode_reason``). Launch parameters
 (:class:`~ejkernel_triton.gla.chunk.ChunkFwdParams`, :class:`~ejkernel_triton.gla.chunk.ChunkBwdParams`) go to
 whichever kernels run (the heuristic and the candidates are theirs). Importing this module does not import Triton.
@@ -39,7 +40,10 @@ def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[
 
 def supports(inv: Any) -> str | None:
     if arguments(inv).get("g_v") is not None:
-        return "ejkernel-triton recurrent (chunked): a value gate g_v is not supported (the kernels decay the key side)"
+        return (
+            "ejkernel-triton recurrent (chunked): a value gate g_v is not supported (the kernels decay the key side; "
+            "triton_value_chunk takes it without a key gate)"
+        )
     return chunk.supports(inv) or decode_reason("recurrent", inv)
 
 

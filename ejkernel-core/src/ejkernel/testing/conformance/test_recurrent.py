@@ -67,17 +67,20 @@ CASES = [
     Case("decode_one_token", t=1, gates=GATES),
     # log gates down to -100 per step on every axis: the state forgets within a token, nothing overflows
     Case("strong_gates_varlen", b=1, t=41, cu_seqlens=(0, 1, 17, 17, 37), gates=GATES, gate_scale=30.0),
+    # strong scalar and value gates over two chunks of 64: the value gate's gradient sums terms that cancel
+    Case("strong_value_gates", b=1, t=70, h=2, gates=("g", "g_v"), gate_scale=8.0),
 ]
 # Every case in float32; this one also in half precision (compiling is what costs time on CI).
 ALL = dtype_cases(CASES, {"all_gates": ("bfloat16", "float16")})
 # The GPU tier's realistic shapes (``_linear_attention.GPU_CASES``) with every gate, the scalar gate alone and the
-# scalar and key gates (implementations may run each on other kernels: the value gate is declined by some); the
+# scalar and key gates, the scalar and value gates (implementations may run each on other kernels; the key and value
+# gates together are declined by some); the
 # candidates' call with every gate.
 ALL_GATES: dict[str, Any] = {"gates": GATES, "gate_scale": 0.1}
 GPU_DTYPE_CASES = [
     pytest.param(dataclasses.replace(c, gates=gates, gate_scale=0.1), d, id=f"{c.name}-{'_'.join(gates)}-{d}")
     for c in GPU_CASES
-    for gates in (GATES, ("g",), ("g", "g_k"))
+    for gates in (GATES, ("g",), ("g", "g_k"), ("g", "g_v"))
     for d in ("bfloat16", "float32")
 ]
 

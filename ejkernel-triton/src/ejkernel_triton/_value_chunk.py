@@ -1,0 +1,304 @@
+"""Chunked linear attention with one log decay per token, head and value channel (``value_gla``): the kernels of
+``ejkernel_triton._value_chunk_kernels``, forward and backward. ``recurrent`` with a value gate ``g_v`` (and no key
+gate) runs on it, with ``gv = g + g_v``.
+
+Shapes: ``q``, ``k [B, T, H, K]``, ``v [B, T, H, V]``, ``gv [B, T, H, V]`` (log decay, ``<= 0``), states ``[B or
+N, H, K, V]``, ``cu_seqlens [N + 1]`` (``B == 1``). Per sequence and head: ``S_t = S_{t-1} diag(exp(gv_t)) +
+k_t^T v_t``, ``o_t = scale q_t S_t``: each value channel decays on its own (a scalar-decay recurrence per channel).
+
+Forward: the chunk-local cumulative decays (``ejkernel_triton._chunk_kernels.chunk_gate_cumsum``), the chunk
+states (one sequential pass per sequence, head and state tile: the chunked ``gla``'s kernel on the transposed
+state, whose decay is on its rows), then the output per chunk and value tile.
+Backward (``jax.custom_vjp``, residuals: the inputs): the cumulative decays and chunk states again (float32, at
+float32 accuracy), the state's gradient (the reverse pass), ``dv`` with the decay's gradient (chunk-local: no
+reverse cumulative sum over the sequence), then ``dq``/``dk`` per chunk and key tile. Memory: the chunk states and
+their gradients, ``2 (T / C) H K V`` float32 per batch row, and the cumulative decays ``T H V`` float32.
+
+Launch parameters and plans: ``ejkernel_triton._simple_chunk``'s (:class:`ChunkFwdParams`/:class:`ChunkBwdParams`
+of ``ejkernel_triton.gla.chunk``); chunks are multiples of the kernels' 16-row blocks. Dots as ``simple_gla``'s.
+Importing this module does not import Triton.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ejkernel.device import cdiv
+from ejkernel.kernels.params import coerce
+
+from ejkernel_triton._simple_chunk import Static, candidate_cfgs, chunked_vjp, default_plan, heuristic_cfg, make_plan
+from ejkernel_triton.gla.chunk import (
+    _BLOCK_ROWS,
+    _DOT,
+    _DUMMY_F32,
+    ChunkBwdParams,
+    ChunkFwdParams,
+    Plan,
+    _dims_of,
+    _dots,
+)
+
+__all__ = ["Plan", "candidate_cfgs", "default_plan", "heuristic_cfg", "make_plan", "value_gla"]
+
+
+def _cumulative(plan: Plan, tab: Any, gv: jax.Array) -> jax.Array:
+    """``b [R, H, V]`` float32: the decays' cumulative sum from each chunk's start (zeros outside every chunk)."""
+    from ejkernel_triton import _chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    _, h, dv = gv.shape
+    (b,) = launch.launch(
+        kern.chunk_gate_cumsum,
+        gv,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        out_shape=(jax.ShapeDtypeStruct(gv.shape, jnp.float32),),
+        grid=(tab.nt, h, cdiv(dv, plan.block_v)),
+        num_warps=plan.num_warps,
+        num_stages=1,
+        zeroed_outputs=(0,),
+        name="ejkernel_value_gla_cumsum",
+        HV=h,
+        GK=dv,
+        BT=plan.chunk,
+        BK=plan.block_v,
+    )
+    return b
+
+
+def _states(plan: Plan, tab: Any, k: jax.Array, v: jax.Array, b: jax.Array, h0: jax.Array | None, *, exact: bool,
+            hs_dtype: Any) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+    """``(h^T [NT, H, V, K] in hs_dtype, final state [N, H, K, V] float32)``; ``exact``: float32 accuracy. The
+    transposed state ``S^T <- diag(exp(b_L)) S^T + (v exp(b_L - b))^T k`` is the chunked ``gla``'s key-decayed
+    state with keys and values swapped: its kernel runs it."""
+    from ejkernel_triton import _chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    _, h, dk = k.shape
+    dv = v.shape[2]
+    hs, ht = launch.launch(
+        kern.chunk_state_fwd,
+        v,
+        k,
+        b,
+        jnp.asarray(_DUMMY_F32) if h0 is None else jnp.swapaxes(h0, -1, -2),
+        tab.cu,
+        tab.off,
+        out_shape=(
+            jax.ShapeDtypeStruct((tab.nt, h, dv, dk), hs_dtype),
+            jax.ShapeDtypeStruct((tab.n, h, dv, dk), jnp.float32),
+        ),
+        grid=(tab.n * cdiv(dv, plan.state_v) * cdiv(dk, plan.state_k), h),
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
+        name="ejkernel_value_gla_state_fwd",
+        H=h,
+        HV=h,
+        DK=dv,
+        DV=dk,
+        GK=dv,
+        BT=plan.chunk,
+        BK=plan.state_v,
+        BV=plan.state_k,
+        HAS_H0=h0 is not None,
+        SPLIT=exact,
+        **_dots(k.dtype),
+    )
+    return hs, jnp.swapaxes(ht, -1, -2)
+
+
+def _forward_rows(
+    s: Static, tab: Any, q: jax.Array, k: jax.Array, v: jax.Array, gv: jax.Array, h0: jax.Array | None
+) -> tuple[jax.Array, jax.Array]:
+    """``(o [R, H, V], final state [N, H, K, V])`` of token rows laid out by the chunk table ``tab``."""
+    from ejkernel_triton import _value_chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    plan = s.fwd
+    _, h, dk = q.shape
+    dv = v.shape[2]
+    b = _cumulative(plan, tab, gv)
+    # the chunk states only feed the output's dots: stored as those round them, of float32 accuracy only for a
+    # final state that is returned
+    operand = jnp.bfloat16 if _DOT[np.dtype(q.dtype).name] == "bf16" else jnp.float32
+    hs, ht = _states(plan, tab, k, v, b, h0, exact=s.output_final_state, hs_dtype=operand)
+    (o,) = launch.launch(
+        kern.value_output,
+        q,
+        k,
+        v,
+        b,
+        hs,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        float(s.scale),
+        out_shape=(jax.ShapeDtypeStruct(v.shape, q.dtype),),
+        grid=(tab.nt * cdiv(dv, plan.block_v), h),
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
+        zeroed_outputs=(0,),  # tokens outside every sequence give zeros
+        name="ejkernel_value_gla_output",
+        H=h,
+        DK=dk,
+        DV=dv,
+        BT=plan.chunk,
+        BK=plan.block_k,
+        BV=plan.block_v,
+        BC=_BLOCK_ROWS,
+        **_dots(q.dtype),
+    )
+    return o, ht
+
+
+def _backward_rows(
+    s: Static,
+    tab: Any,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    gv: jax.Array,
+    h0: jax.Array | None,
+    do: jax.Array,
+    dht: jax.Array | None,
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
+    """``(dq, dk, dv (inputs' dtype), dgv [R, H, V] float32, dh0 [N, H, K, V] float32)``."""
+    from ejkernel_triton import _chunk_kernels as chunk_kernels
+    from ejkernel_triton import _value_chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    plan = s.bwd
+    _, h, dk = q.shape
+    dv = v.shape[2]
+    f32 = jnp.float32
+    b = _cumulative(plan, tab, gv)
+    hs, _ = _states(plan, tab, k, v, b, h0, exact=True, hs_dtype=f32)
+    common: dict[str, Any] = {
+        "num_warps": plan.num_warps,
+        "num_stages": plan.num_stages,
+        "H": h,
+        "DK": dk,
+        "DV": dv,
+        "BT": plan.chunk,
+        **_dots(q.dtype),
+    }
+    # the transposed state's gradient, dS^T <- diag(exp(b_L)) dS^T + scale (do exp(b))^T q: the chunked gla's
+    # reverse pass with q and do swapped
+    dhe, dh0 = launch.launch(
+        chunk_kernels.chunk_state_bwd,
+        do,
+        q,
+        b,
+        jnp.asarray(_DUMMY_F32) if dht is None else jnp.swapaxes(dht, -1, -2),
+        tab.cu,
+        tab.off,
+        float(s.scale),
+        out_shape=(
+            jax.ShapeDtypeStruct((tab.nt, h, dv, dk), f32),
+            jax.ShapeDtypeStruct((tab.n, h, dv, dk), f32),
+        ),
+        grid=(tab.n * cdiv(dv, plan.state_v) * cdiv(dk, plan.state_k), h),
+        name="ejkernel_value_gla_state_bwd",
+        HV=h,
+        GK=dv,
+        BK=plan.state_v,
+        BV=plan.state_k,
+        HAS_DHT=dht is not None,
+        **{**common, "DK": dv, "DV": dk},
+    )
+    blocks = {"BK": plan.block_k, "BV": plan.block_v, "BC": _BLOCK_ROWS}
+    dv_, dgu, dgw = launch.launch(
+        kern.value_dv,
+        q,
+        k,
+        v,
+        b,
+        do,
+        hs,
+        dhe,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        float(s.scale),
+        out_shape=(
+            jax.ShapeDtypeStruct(v.shape, v.dtype),
+            jax.ShapeDtypeStruct(v.shape, f32),
+            jax.ShapeDtypeStruct(v.shape, f32),
+        ),
+        grid=(tab.nt * cdiv(dv, plan.block_v), h),
+        zeroed_outputs=(0, 1, 2),  # tokens outside every sequence get no gradient
+        name="ejkernel_value_gla_dv",
+        **blocks,
+        **common,
+    )
+    dq, dk_ = launch.launch(
+        kern.value_dqk,
+        q,
+        k,
+        v,
+        b,
+        do,
+        hs,
+        dhe,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        float(s.scale),
+        out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype)),
+        grid=(tab.nt * cdiv(dk, plan.block_k), h),
+        zeroed_outputs=(0, 1),
+        name="ejkernel_value_gla_dqk",
+        **blocks,
+        **common,
+    )
+    return dq, dk_, dv_, dgu + dgw, jnp.swapaxes(dh0, -1, -2)
+
+
+# ------------------------------------------------------------------------------------------------
+# The differentiable call.
+# ------------------------------------------------------------------------------------------------
+
+
+_value_chunk = chunked_vjp(_forward_rows, _backward_rows)
+
+
+def value_gla(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    gv: jax.Array,
+    *,
+    scale: float | None = None,
+    initial_state: jax.Array | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: jax.Array | None = None,
+    fwd_params: ChunkFwdParams | None = None,
+    bwd_params: ChunkBwdParams | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """Linear attention decaying by ``exp(gv[b, t, h, c])`` per token, head and value channel, by the chunked
+    Triton kernels.
+
+    Shapes: ``q``, ``k [B, T, H, K]``, ``v``, ``gv [B, T, H, V]`` (``gv`` any float dtype, taken as float32),
+    ``initial_state [B or N, H, K, V]`` (any float dtype), ``cu_seqlens [N + 1]`` (``B == 1``); returns ``(o
+    [B, T, H, V] in q's dtype, final state float32 or None)``. Differentiable in ``q``, ``k``, ``v``, ``gv`` and
+    ``initial_state``."""
+    fp = coerce(ChunkFwdParams, fwd_params) or ChunkFwdParams()
+    bp = coerce(ChunkBwdParams, bwd_params) or ChunkBwdParams()
+    q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    gv = jnp.asarray(gv).astype(jnp.float32)
+    h0 = None if initial_state is None else jnp.asarray(initial_state).astype(jnp.float32)
+    cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens)
+    d = _dims_of({"q": q, "v": v, "cu_seqlens": cu_seqlens})
+    s = Static(
+        make_plan(d, fp, "fwd"),
+        make_plan(d, bp, "bwd"),
+        float(d.dk**-0.5 if scale is None else scale),
+        bool(output_final_state),
+    )
+    o, final = _value_chunk(s, q, k, v, gv, h0, cu)
+    return o, (final if output_final_state else None)
