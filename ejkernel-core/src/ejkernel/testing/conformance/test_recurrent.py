@@ -22,6 +22,7 @@ from ejkernel.testing.conformance._harness import (
     call_forced,
     dtype_cases,
     fresh_key,
+    invocation,
     parametrize_implementations,
 )
 from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
@@ -94,6 +95,24 @@ def make_inputs(c: Case, dtype: str, seed: int) -> tuple[dict[str, Any], dict[st
     return arrays, {"output_final_state": c.final_state, **dict(c.options)}
 
 
+# The tests below that are not about one case take the first of these gate sets an implementation serves: every
+# gate, else (kernels that decay one side of the state) the scalar gate with the key gate, or with the value gate.
+GATE_SETS = (GATES, ("g", "g_k"), ("g", "g_v"), ("g",))
+
+
+def served(impl: Any, case: Case, options: dict[str, Any]) -> tuple[Case, dict[str, Any], int]:
+    """``(case with the first gate set of GATE_SETS that impl serves, its float32 inputs, their seed)``; skipped
+    (with the reason) when it serves none."""
+    _, seed = fresh_key()
+    for gates in GATE_SETS:
+        c = dataclasses.replace(case, gates=gates)
+        arrays, _ = make_inputs(c, "float32", seed)
+        if impl.supports(invocation(impl, _kernel, (), {**arrays, **options})) is None:
+            return c, arrays, seed
+    skip_if_unsupported(impl, arrays, options)
+    raise AssertionError("unreachable: skip_if_unsupported skips a declined call")
+
+
 def call(impl: Any, **kwargs: Any) -> Any:
     return call_forced(recurrent, impl, **kwargs)
 
@@ -125,9 +144,8 @@ def check_case(impl: Any, case: Case, dtype: str) -> None:
 def test_every_candidate_config_matches_reference(impl, tier):
     """Each launch configuration the implementation offers the autotuner: a length of several chunks of each."""
     case = dataclasses.replace(CANDIDATE_CASE, **ALL_GATES)
-    _, seed = fresh_key()
-    arrays, options = make_inputs(case, "float32", seed)
-    skip_if_unsupported(impl, arrays, options)
+    options = make_inputs(case, "float32", 0)[1]
+    case, arrays, seed = served(impl, case, options)
     check_every_candidate_config(impl, _kernel, recurrent, reference.recurrent, case, arrays, options, seed, tier)
 
 
@@ -135,19 +153,15 @@ def test_check_grads_numerically(impl):
     # Every gate, reversed, with an initial and a final state (the forward direction is checked numerically
     # in the gla and lightning_attn suites).
     reverse = True
-    c = Case("small", b=1, t=20, h=1, dk=4, dv=3, gates=GATES, gate_scale=0.5)
-    _, seed = fresh_key()
-    arrays, _ = make_inputs(c, "float32", seed)
-    skip_if_unsupported(impl, arrays, {"reverse": reverse})
+    c, arrays, _ = served(impl, Case("small", b=1, t=20, h=1, dk=4, dv=3, gate_scale=0.5), {"reverse": reverse})
     fn = partial(call, impl, output_final_state=True, reverse=reverse)
-    check_grads_in(fn, arrays, ("q", "k", "v", *GATES, "initial_state"))
+    check_grads_in(fn, arrays, ("q", "k", "v", *c.gates, "initial_state"))
 
 
 def test_reverse_is_the_forward_recurrence_on_flipped_time(impl):
-    c = Case("flip", b=2, t=29, h=2, dk=8, dv=8, gates=GATES)
-    _, seed = fresh_key()
-    arrays, _ = make_inputs(c, "float32", seed)
-    skip_if_unsupported(impl, arrays, {"reverse": True, "output_final_state": True})
+    _, arrays, seed = served(
+        impl, Case("flip", b=2, t=29, h=2, dk=8, dv=8), {"reverse": True, "output_final_state": True}
+    )
     o, state = call(impl, **arrays, reverse=True, output_final_state=True)
     flipped = {n: (jnp.flip(x, 1) if n != "initial_state" else x) for n, x in arrays.items()}
     o_f, state_f = call(impl, **flipped, output_final_state=True)
@@ -156,20 +170,14 @@ def test_reverse_is_the_forward_recurrence_on_flipped_time(impl):
 
 
 def test_jit_and_vmap_agree_with_eager(impl):
-    c = Case("t", b=2, t=23, h=2, dk=8, dv=8, gates=GATES)
-    _, seed = fresh_key()
-    arrays, _ = make_inputs(c, "float32", seed)
-    skip_if_unsupported(impl, arrays, {"output_final_state": True})
+    _, arrays, seed = served(impl, Case("t", b=2, t=23, h=2, dk=8, dv=8), {"output_final_state": True})
     assert_jit_and_vmap_agree(partial(call, impl, output_final_state=True), arrays, seed)
 
 
 def test_sequence_split_equals_carrying_the_state(impl):
-    c = Case("split", b=2, t=30, h=2, dk=8, dv=8, gates=GATES)
-    _, seed = fresh_key()
-    arrays, _ = make_inputs(c, "float32", seed)
-    skip_if_unsupported(impl, arrays, {"output_final_state": True})
+    c, arrays, seed = served(impl, Case("split", b=2, t=30, h=2, dk=8, dv=8), {"output_final_state": True})
     fn = partial(call, impl, output_final_state=True)
-    assert_split_equals_carrying_the_state(fn, arrays, ("q", "k", "v", *GATES), 21, seed)
+    assert_split_equals_carrying_the_state(fn, arrays, ("q", "k", "v", *c.gates), 21, seed)
 
 
 BAD_INPUTS = [
