@@ -44,7 +44,7 @@ def main() -> None:
         return jnp.sum(out.astype(jnp.float32) * ct)
 
     def value_loss(q, k, v, g, gv):
-        out = recurrent(q, k, v, g=g, g_v=gv, platform="triton_chunk", backend="gpu")[0]
+        out = recurrent(q, k, v, g=g, g_v=gv, platform="triton_value_chunk", backend="gpu")[0]
         return jnp.sum(out.astype(jnp.float32) * ct)
 
     runs = {

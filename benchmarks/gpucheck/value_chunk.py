@@ -1,12 +1,12 @@
 """GPU check of the chunked value-gate kernels (``ejkernel_triton._value_chunk``: ``recurrent`` with a value gate
-``g_v`` and no key gate, registered as ``triton_chunk``) on an H200.
+``g_v`` and no key gate, registered as ``triton_value_chunk``) on an H200.
 
-(a) correctness: ``ejkernel.modules.recurrent`` with ``g`` and ``g_v`` forced onto ``triton_chunk`` against XLA's
+(a) correctness: ``ejkernel.modules.recurrent`` with ``g`` and ``g_v`` forced onto ``triton_value_chunk`` against XLA's
     implementation on the same inputs (B2 T1024 H4 K=V=128, bfloat16 and float32, with an initial and a final
     state): the output, the final state and every gradient, relative (norm) error, PASS/FAIL at the conformance
     suite's tolerances;
 (b) timings (``ejkernel.ops.timing.time_fn``) at B4 T4096 H16 K=V=128 bf16: forward and forward + backward (the loss
-    ``sum(o * r)``, gradients in q, k, v, g, g_v) for ``triton_chunk`` and ``xla``, in ms and in ``ejkernel bench``'s
+    ``sum(o * r)``, gradients in q, k, v, g, g_v) for ``triton_value_chunk`` and ``xla``, in ms and in ``ejkernel bench``'s
     TFLOP/s for the linear-attention ops.
 
 ``--small``: tiny shapes, a dry run on a CPU (``EJKERNEL_TRITON_INTERPRET=1``).
@@ -28,7 +28,7 @@ from ejkernel.ops.timing import time_fn
 from ejkernel.testing.conformance._harness import FWD_RTOL, GRAD_RTOL
 
 SMALL = "--small" in sys.argv
-IMPL, BACKEND = ("triton_chunk_interpret", "cpu") if SMALL else ("triton_chunk", "gpu")
+IMPL, BACKEND = ("triton_value_chunk_interpret", "cpu") if SMALL else ("triton_value_chunk", "gpu")
 
 
 def inputs(b, t, h, dk, dv, dtype, seed=0):

@@ -159,6 +159,8 @@ def test_routing_and_both_gates_declined():
     fwd = {"chunk_gate_cumsum", "chunk_state_fwd", "value_output"}
     assert _kernels(lambda: rec.recurrent(q, k, v, g_v=g_v)) == fwd
     assert _kernels(lambda: rec.recurrent(q, k, v, g, g_v=g_v, reverse=True)) == fwd
+    bwd = {"chunk_state_bwd", "value_pairs", "value_dv", "value_dqk"}
+    assert _kernels(lambda: jax.grad(lambda v: rec.recurrent(q, k, v, g_v=g_v)[0].sum())(v)) == fwd | bwd
     assert rec.supports({"q": q, "k": k, "v": v, "g_v": g_v}) is None
     assert "no value gate" in rec.supports({"q": q, "k": k, "v": v, "g": g})
     assert "triton_value_chunk" in chunked.supports({"q": q, "k": k, "v": v, "g_v": g_v})

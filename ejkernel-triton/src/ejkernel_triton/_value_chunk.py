@@ -10,9 +10,11 @@ Forward: the chunk-local cumulative decays (``ejkernel_triton._chunk_kernels.chu
 states (one sequential pass per sequence, head and state tile: the chunked ``gla``'s kernel on the transposed
 state, whose decay is on its rows), then the output per chunk and value tile.
 Backward (``jax.custom_vjp``, residuals: the inputs): the cumulative decays and chunk states again (float32, at
-float32 accuracy), the state's gradient (the reverse pass), ``dv`` with the decay's gradient (chunk-local: no
-reverse cumulative sum over the sequence), then ``dq``/``dk`` per chunk and key tile. Memory: the chunk states and
-their gradients, ``2 (T / C) H K V`` float32 per batch row, and the cumulative decays ``T H V`` float32.
+float32 accuracy), the state's gradient (the reverse pass), each chunk's pair matrices ``A = scale q k^T`` and
+``D`` (the decayed ``do v^T``) once, ``dv`` with the decay's gradient from ``A`` (chunk-local: no reverse
+cumulative sum over the sequence), then ``dq``/``dk`` per chunk and key tile from ``D``. Memory: the chunk states
+and their gradients, ``2 (T / C) H K V`` float32 per batch row, the cumulative decays ``T H V`` float32 and the
+pair matrices ``2 T C H`` float32.
 
 Launch parameters and plans: ``ejkernel_triton._simple_chunk``'s (:class:`ChunkFwdParams`/:class:`ChunkBwdParams`
 of ``ejkernel_triton.gla.chunk``); chunks are multiples of the kernels' 16-row blocks. Dots as ``simple_gla``'s.
@@ -212,6 +214,25 @@ def _backward_rows(
         **{**common, "DK": dv, "DV": dk},
     )
     blocks = {"BK": plan.block_k, "BV": plan.block_v, "BC": _BLOCK_ROWS}
+    pairs = jax.ShapeDtypeStruct((tab.nt, h, plan.chunk, plan.chunk), f32)
+    a_, d_ = launch.launch(
+        kern.value_pairs,
+        q,
+        k,
+        v,
+        b,
+        do,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        float(s.scale),
+        out_shape=(pairs, pairs),
+        grid=(tab.nt, h),
+        zeroed_outputs=(1,),  # D is written block by block, its upper blocks not at all
+        name="ejkernel_value_gla_pairs",
+        **blocks,
+        **common,
+    )
     dv_, dgu, dgw = launch.launch(
         kern.value_dv,
         q,
@@ -221,6 +242,7 @@ def _backward_rows(
         do,
         hs,
         dhe,
+        a_,
         tab.cu,
         tab.seq,
         tab.off,
@@ -245,6 +267,7 @@ def _backward_rows(
         do,
         hs,
         dhe,
+        d_,
         tab.cu,
         tab.seq,
         tab.off,

@@ -28,14 +28,17 @@ with ``q`` and ``do`` swapped; so the states ``h``, ``dhe`` are ``[NT, H, DV, DK
 * ``chunk_state_fwd``: ``h^T`` at each chunk's start, and the final state;
 * :func:`value_output`: ``o`` per (chunk, value tile), block by block;
 * ``chunk_state_bwd``: ``dhe^T`` (the state's gradient at each chunk's end) and the initial state's;
-* :func:`value_dv`: ``dv`` and the decay's gradient ``dgv`` per (chunk, value tile) (it says how);
-* :func:`value_dqk`: ``dq``, ``dk`` per (chunk, key tile).
+* :func:`value_pairs`: per (chunk, head), the chunk's pair matrices once, ``A = scale q k^T`` and
+  ``D_ij = sum_c do_ic v_jc exp(b_ic - b_jc)`` (``j <= i``; ``[NT, H, BT, BT]`` float32 each);
+* :func:`value_dv`: ``dv`` and the decay's gradient ``dgv`` per (chunk, value tile), reading ``A`` (it says how);
+* :func:`value_dqk`: ``dq = scale (D @ k + ...)``, ``dk = scale D^T @ q + ...`` per (chunk, key tile), reading
+  ``D``.
 
 Layouts as ``ejkernel_triton._simple_chunk_kernels``' (``q``, ``k [R, H, DK]``; ``v``, ``do``, ``b [R, H, DV]``;
 the chunk table ``Cu``, ``ChunkOff``, ``ChunkSeq``), the states transposed (``[NT, H, DV, DK]``). Dots
 (:func:`mm`): operands in ``DOT``, float32 accumulation; products that feed the float32 results (the states,
 ``dgv``) split their float32 operands (``SA``/``SB``). Dot results are never transposed (Triton 3.6 on Hopper miscompiles ``tl.trans``
-of one): transposed operands are loaded transposed.
+of one): transposed operands (``A^T``, ``D^T`` too) are loaded transposed.
 """
 
 from __future__ import annotations
@@ -252,6 +255,7 @@ def value_dv(
     DO,
     Hs,
     DHE,
+    A,
     Cu,
     ChunkSeq,
     ChunkOff,
@@ -271,9 +275,10 @@ def value_dv(
     EMU: tl.constexpr,
 ):
     """``dv`` and the decay's gradient (``DGU + DGW``, float32) of one chunk and value tile, block ``J`` of ``BC``
-    rows at a time, in reverse (``e`` its last row)::
+    rows at a time, in reverse (``e`` its last row), the score blocks read from :func:`value_pairs`' ``A``
+    (``A_IJ^T`` loaded transposed)::
 
-        dv_J = scale (exp(b_e - b_J) * sum_{I > J} (k_J @ q_I^T) @ (do_I exp(b_I - b_e)) + pairs inside J)
+        dv_J = exp(b_e - b_J) * sum_{I > J} A_IJ^T @ (do_I exp(b_I - b_e)) + pairs inside J
                + exp(b_L - b_J) * (k_J @ dhe)
 
     The decay's gradient, per row ``t`` and channel (``h`` the state at the chunk's start, ``dhe`` its gradient
@@ -295,6 +300,7 @@ def value_dv(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
     b_l = chunk_total(B, bos, n_rows, o_v, m_v, i_h, H, DV)
+    base = (i_t.to(tl.int64) * H + i_h) * (BT * BT)
     n_b = tl.cdiv(n_rows, BC)
     b_su = tl.zeros([BV], dtype=tl.float32)
     for i_r in range(n_b):
@@ -322,7 +328,7 @@ def value_dv(
         for j_b in range(i_b):
             rows_j = bos + j_b * BC + o_c
             m_j = o_c >= 0
-            b_a = scores(Q, K_, rows, rows_j, m_t, m_j, i_h, H, DK, BK, BC, DOT, EMU, PREC)
+            b_a = tl.load(A + base + (r0 + o_c)[:, None] * BT + (j_b * BC + o_c)[None, :])
             b_j = gates(B, rows_j, o_v, m_j, m_v, b_l, i_h, H, DV, False)
             b_vj = tile(V_, rows_j[:, None], o_v[None, :], m_j[:, None] & m_v[None, :], i_h, H, DV)
             b_x = mm(b_a, b_vj * tl.exp(b_r[None, :] - b_j), b_x, 1, 1, DOT, EMU, PREC)
@@ -330,22 +336,22 @@ def value_dv(
         for i_b2 in range(i_b + 1, n_b):
             rows_i = bos + i_b2 * BC + o_c
             m_i = i_b2 * BC + o_c < n_rows
-            b_aT = scores(K_, Q, rows, rows_i, m_t, m_i, i_h, H, DK, BK, BC, DOT, EMU, PREC)  # [j, i]
+            b_aT = tl.load(A + base + (i_b2 * BC + o_c)[None, :] * BT + (r0 + o_c)[:, None])  # [j, i]
             b_i = gates(B, rows_i, o_v, m_i, m_v, b_l, i_h, H, DV, False)
             b_doi = tile(DO, rows_i[:, None], o_v[None, :], m_i[:, None] & m_v[None, :], i_h, H, DV)
             b_y = mm(b_aT, b_doi * tl.exp(b_i - b_e[None, :]), b_y, 1, 1, DOT, EMU, PREC)
-        b_a = scores(Q, K_, rows, rows, m_t, m_t, i_h, H, DK, BK, BC, DOT, EMU, PREC)
-        b_aT = scores(K_, Q, rows, rows, m_t, m_t, i_h, H, DK, BK, BC, DOT, EMU, PREC)
+        b_a = tl.load(A + base + (r0 + o_c)[:, None] * BT + (r0 + o_c)[None, :])
+        b_aT = tl.load(A + base + (r0 + o_c)[None, :] * BT + (r0 + o_c)[:, None])
         b_os = tl.exp(b - b_r[None, :]) * b_x
         b_os += diag_rows(b_a, V_, B, bos, r0, n_rows, b, b_l, o_v, m_v, i_h, H, DV, BC, False, False)
         b_dvs = tl.exp(b_e[None, :] - b) * b_y
         b_dvs += diag_rows(b_aT, DO, B, bos, r0, n_rows, b, b_l, o_v, m_v, i_h, H, DV, BC, True, False)
         b_do = tile(DO, rows[:, None], o_v[None, :], m_tv, i_h, H, DV)
         b_v = tile(V_, rows[:, None], o_v[None, :], m_tv, i_h, H, DV)
-        b_kq = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_a, 0.0), axis=1)  # q_i . k_i
-        b_dv = scale * (b_dvs + b_kq[:, None] * b_do) + tl.exp(b_l[None, :] - b) * b_kd
+        b_kq = tl.sum(tl.where(o_c[:, None] == o_c[None, :], b_a, 0.0), axis=1)  # scale q_i . k_i
+        b_dv = b_dvs + b_kq[:, None] * b_do + tl.exp(b_l[None, :] - b) * b_kd
         tl.store(DV_ + (rows[:, None] * H + i_h) * DV + o_v[None, :], b_dv.to(DV_.dtype.element_ty), mask=m_tv)
-        b_u = scale * (b_do * (tl.exp(b) * b_qh + b_os) - b_v * b_dvs)
+        b_u = b_do * (scale * tl.exp(b) * b_qh + b_os) - b_v * b_dvs
         b_u = tl.where(m_tv, b_u, 0.0)
         tl.store(
             DGU + (rows[:, None] * H + i_h) * DV + o_v[None, :],
@@ -384,6 +390,67 @@ def value_dv(
 
 
 @triton.jit
+def value_pairs(
+    Q,
+    K_,
+    V_,
+    B,
+    DO,
+    Cu,
+    ChunkSeq,
+    ChunkOff,
+    scale,
+    A,
+    D,
+    H: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    BC: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """The pair matrices of one chunk (``[BT, BT]`` float32 each, zero above the diagonal and past the chunk)::
+
+        A_ij = scale q_i . k_j   (j <= i; exact operands, one product over the key tiles)
+        D_ij = sum_c do_ic v_jc exp(b_ic - b_jc)   (j <= i; :func:`cross_pairs` for blocks apart, :func:`diag_pairs`
+                                                    inside one, over all value tiles)
+
+    ``D`` is written block by block (its buffer zeroed). Grid ``(NT, H)``."""
+    i_t, i_h = tl.program_id(0), tl.program_id(1)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    base = (i_t.to(tl.int64) * H + i_h) * (BT * BT)
+    o_t = tl.arange(0, BT)
+    m_t = o_t < n_rows
+    b_a = tl.zeros([BT, BT], dtype=tl.float32)
+    for i_k in range(tl.cdiv(DK, BK)):
+        o_k = i_k * BK + tl.arange(0, BK)
+        m_k = o_k < DK
+        b_q = raw(Q, (bos + o_t)[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK, EMU)
+        b_kT = raw(K_, (bos + o_t)[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU)
+        b_a = mm(b_q, b_kT, b_a, 0, 0, DOT, EMU, PREC)
+    b_a = tl.where(o_t[:, None] >= o_t[None, :], b_a * scale, 0.0)
+    tl.store(A + base + o_t[:, None] * BT + o_t[None, :], b_a)
+    o_c = tl.arange(0, BC)
+    for i_b in range(tl.cdiv(n_rows, BC)):
+        r0 = i_b * BC
+        rows = bos + r0 + o_c
+        m_i = r0 + o_c < n_rows
+        for j_b in range(i_b):
+            rows_j = bos + j_b * BC + o_c
+            m_j = o_c >= 0
+            b_d = cross_pairs(
+                DO, V_, B, rows, rows_j, m_i, m_j, r0, bos, n_rows, i_h, H, DV, BV, BC, True, DOT, EMU, PREC
+            )
+            tl.store(D + base + (r0 + o_c)[:, None] * BT + (j_b * BC + o_c)[None, :], b_d)
+        b_d = diag_pairs(DO, V_, B, bos, r0, n_rows, rows, m_i, i_h, H, DV, BV, BC, False)
+        tl.store(D + base + (r0 + o_c)[:, None] * BT + (r0 + o_c)[None, :], b_d)
+
+
+@triton.jit
 def value_dqk(
     Q,
     K_,
@@ -392,6 +459,7 @@ def value_dqk(
     DO,
     Hs,
     DHE,
+    D,
     Cu,
     ChunkSeq,
     ChunkOff,
@@ -409,63 +477,47 @@ def value_dqk(
     DOT: tl.constexpr,
     EMU: tl.constexpr,
 ):
-    """``dq``, ``dk`` of one chunk and key tile, block by block. With ``D_ij = sum_c do_ic v_jc exp(b_ic - b_jc)``
-    (``j <= i``; :func:`cross_pairs` for blocks apart, :func:`diag_pairs` inside one)::
+    """``dq``, ``dk`` of one chunk and key tile, the whole chunk at once, from :func:`value_pairs`' ``D``::
 
-        dq_i = scale ((do_i exp(b_i)) @ h^T + sum_{j <= i} D_ij k_j)
-        dk_j = (v_j exp(b_L - b_j)) @ dhe^T + scale sum_{i >= j} D_ij q_i
+        dq = scale ((do exp(b)) @ h^T + D @ k)
+        dk = (v exp(b_L - b)) @ dhe^T + scale D^T @ q
 
-    ``D^T`` is its own product (operands loaded transposed). Grid ``(NT * cdiv(DK, BK), H)``."""
+    ``D^T`` is loaded transposed. Grid ``(NT * cdiv(DK, BK), H)``."""
     NK: tl.constexpr = (DK + BK - 1) // BK
     i_p, i_h = tl.program_id(0), tl.program_id(1)
     i_t = i_p // NK
     i_k = i_p % NK
     _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
-    o_c = tl.arange(0, BC)
+    base = (i_t.to(tl.int64) * H + i_h) * (BT * BT)
+    o_t = tl.arange(0, BT)
+    rows = bos + o_t
+    m_t = o_t < n_rows
     o_k = i_k * BK + tl.arange(0, BK)
     m_k = o_k < DK
-    n_b = tl.cdiv(n_rows, BC)
-    for i_b in range(n_b):
-        r0 = i_b * BC
-        rows = bos + r0 + o_c
-        m_t = r0 + o_c < n_rows
-        m_tk = m_t[:, None] & m_k[None, :]
-        b_dq = tl.zeros([BC, BK], dtype=tl.float32)
-        b_dk = tl.zeros([BC, BK], dtype=tl.float32)
-        for i_v in range(tl.cdiv(DV, BV)):
-            o_v = i_v * BV + tl.arange(0, BV)
-            m_v = o_v < DV
-            m_tv = m_t[:, None] & m_v[None, :]
-            b_l = chunk_total(B, bos, n_rows, o_v, m_v, i_h, H, DV)
-            b = gates(B, rows, o_v, m_t, m_v, b_l, i_h, H, DV, False)
-            b_do = tile(DO, rows[:, None], o_v[None, :], m_tv, i_h, H, DV)
-            b_v = tile(V_, rows[:, None], o_v[None, :], m_tv, i_h, H, DV)
-            b_hT = state_at(Hs, i_t, i_h, o_v[:, None], o_k[None, :], m_v[:, None], m_k[None, :], H, DV, DK)
-            b_dheT = state_at(DHE, i_t, i_h, o_v[:, None], o_k[None, :], m_v[:, None], m_k[None, :], H, DV, DK)
-            b_dq = mm(b_do * tl.exp(b), b_hT, b_dq, 1, 0, DOT, EMU, PREC)
-            b_dk = mm(b_v * tl.exp(b_l[None, :] - b), b_dheT, b_dk, 1, 0, DOT, EMU, PREC)
-        b_dq = b_dq * scale
-        for j_b in range(i_b):
-            rows_j = bos + j_b * BC + o_c
-            m_j = o_c >= 0
-            b_d = cross_pairs(
-                DO, V_, B, rows, rows_j, m_t, m_j, r0, bos, n_rows, i_h, H, DV, BV, BC, True, DOT, EMU, PREC
-            )
-            b_kj = raw(K_, rows_j[:, None], o_k[None, :], m_j[:, None] & m_k[None, :], i_h, H, DK, EMU)
-            b_dq = mm(b_d * scale, b_kj, b_dq, 1, 0, DOT, EMU, PREC)
-        b_d = diag_pairs(DO, V_, B, bos, r0, n_rows, rows, m_t, i_h, H, DV, BV, BC, False)
-        b_k = raw(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
-        b_dq = mm(b_d * scale, b_k, b_dq, 1, 0, DOT, EMU, PREC)
-        tl.store(DQ + (rows[:, None] * H + i_h) * DK + o_k[None, :], b_dq.to(DQ.dtype.element_ty), mask=m_tk)
-        for i_b2 in range(i_b + 1, n_b):
-            rows_i = bos + i_b2 * BC + o_c
-            m_i = i_b2 * BC + o_c < n_rows
-            b_dT = cross_pairs(
-                V_, DO, B, rows, rows_i, m_t, m_i, i_b2 * BC, bos, n_rows, i_h, H, DV, BV, BC, False, DOT, EMU, PREC
-            )
-            b_qi = raw(Q, rows_i[:, None], o_k[None, :], m_i[:, None] & m_k[None, :], i_h, H, DK, EMU)
-            b_dk = mm(b_dT * scale, b_qi, b_dk, 1, 0, DOT, EMU, PREC)
-        b_dT = diag_pairs(DO, V_, B, bos, r0, n_rows, rows, m_t, i_h, H, DV, BV, BC, True)
-        b_q = raw(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
-        b_dk = mm(b_dT * scale, b_q, b_dk, 1, 0, DOT, EMU, PREC)
-        tl.store(DK_ + (rows[:, None] * H + i_h) * DK + o_k[None, :], b_dk.to(DK_.dtype.element_ty), mask=m_tk)
+    m_tk = m_t[:, None] & m_k[None, :]
+    b_dq = tl.zeros([BT, BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        b_l = chunk_total(B, bos, n_rows, o_v, m_v, i_h, H, DV)
+        b = gates(B, rows, o_v, m_t, m_v, b_l, i_h, H, DV, False)
+        b_do = tile(DO, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_h, H, DV)
+        b_hT = state_at(Hs, i_t, i_h, o_v[:, None], o_k[None, :], m_v[:, None], m_k[None, :], H, DV, DK)
+        b_dq = mm(b_do * tl.exp(b), b_hT, b_dq, 1, 0, DOT, EMU, PREC)
+    b_d = tl.load(D + base + o_t[:, None] * BT + o_t[None, :])
+    b_k = raw(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
+    b_dq = mm(b_d * scale, b_k, b_dq * scale, 1, 0, DOT, EMU, PREC)
+    tl.store(DQ + (rows[:, None] * H + i_h) * DK + o_k[None, :], b_dq.to(DQ.dtype.element_ty), mask=m_tk)
+    b_dk = tl.zeros([BT, BK], dtype=tl.float32)
+    for i_v in range(tl.cdiv(DV, BV)):
+        o_v = i_v * BV + tl.arange(0, BV)
+        m_v = o_v < DV
+        b_l = chunk_total(B, bos, n_rows, o_v, m_v, i_h, H, DV)
+        b = gates(B, rows, o_v, m_t, m_v, b_l, i_h, H, DV, False)
+        b_v = tile(V_, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_h, H, DV)
+        b_dheT = state_at(DHE, i_t, i_h, o_v[:, None], o_k[None, :], m_v[:, None], m_k[None, :], H, DV, DK)
+        b_dk = mm(b_v * tl.exp(b_l[None, :] - b), b_dheT, b_dk, 1, 0, DOT, EMU, PREC)
+    b_dT = tl.load(D + base + o_t[None, :] * BT + o_t[:, None])
+    b_q = raw(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
+    b_dk = mm(b_dT * scale, b_q, b_dk, 1, 0, DOT, EMU, PREC)
+    tl.store(DK_ + (rows[:, None] * H + i_h) * DK + o_k[None, :], b_dk.to(DK_.dtype.element_ty), mask=m_tk)
