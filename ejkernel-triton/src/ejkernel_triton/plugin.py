@@ -101,7 +101,8 @@ _FOLDED_DECODE_GPU_PRIORITY = 5
 # recurrent with a value gate on the value-side chunked kernels (ejkernel_triton._value_chunk): below XLA on GPUs.
 # Checked on an H200 (2026-12-04: benchmarks/gpucheck/value_chunk.py against XLA, bf16 and f32, every gradient; the
 # conformance GPU tier's value-gate cases) and timed there at B4 T4096 H16 K=V=128 bf16: forward 1.37 ms against
-# XLA's 2.85, but forward+backward 11.17 against 8.24 (value_dqk 5.1 ms, value_dv 4.7, under Nsight Compute).
+# XLA's 2.85, but forward+backward 11.17 against 8.24 (value_dqk 5.1 ms, value_dv 4.7, under Nsight Compute; the
+# backward was restructured after that, not yet timed).
 _VALUE_CHUNK_GPU_PRIORITY = 5
 # The chunked gated_delta_rule (the WY representation): above XLA (10) on GPUs, below the fused recurrent decode
 # kernel (110), which takes decode steps and declines longer sequences. Checked on an H200 (conformance GPU tier at
