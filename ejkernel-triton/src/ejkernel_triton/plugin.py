@@ -137,8 +137,8 @@ _KERNELS = (
      _FOLDED_DECODE_GPU_PRIORITY, ""),
     ("recurrent", "recurrent", f"{_RECURRENT}:RecurrentParams", f"{_RECURRENT}:NoBwdParams",
      _FOLDED_DECODE_GPU_PRIORITY, ""),
-    # The chunked kernels (training shapes); lightning_attn and recurrent (no value gate) on gla's, their gates
-    # folded as for decoding.
+    # The chunked kernels (training shapes); lightning_attn and recurrent without a key gate on the scalar-decay
+    # kernels (ejkernel_triton._simple_chunk), recurrent with one on gla's (its gates folded as for decoding).
     ("gla", "gla.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     ("lightning_attn", "lightning_attn.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     ("recurrent", "recurrent.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
