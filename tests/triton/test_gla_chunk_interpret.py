@@ -224,6 +224,7 @@ def test_supports_and_registration_below_xla_on_gpus():
         if "xla" in gpu:  # faster than XLA on an H200 (2026-12-04); gla's decode: its fused recurrent kernel
             assert gpu["xla"] < gpu["triton_chunk"], gpu
             assert op != "gla" or gpu["triton_chunk"] < gpu["triton"], gpu
+            assert op != "recurrent" or gpu["xla"] < gpu["triton_value_chunk"], gpu  # the value gate's, too
         cpu = {i.name: i.priority for i in kernel_registry.implementations(op, backend="cpu")}
         assert cpu["triton_chunk_interpret"] == 1
 

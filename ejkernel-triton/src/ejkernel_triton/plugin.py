@@ -98,12 +98,12 @@ _CHUNK_GPU_PRIORITY = 50
 # (`ejkernel bench lightning_attn-decode --preset lightning-decode`, 2026-12-04, float32 state [B, H16, 128, 128])
 # read 3.19 TB/s against XLA's 3.42 at B64, 3.36 against 3.81 at B256, 0.125 against 0.133 at B1.
 _FOLDED_DECODE_GPU_PRIORITY = 5
-# recurrent with a value gate on the value-side chunked kernels (ejkernel_triton._value_chunk): below XLA on GPUs.
-# Checked on an H200 (2026-12-04: benchmarks/gpucheck/value_chunk.py against XLA, bf16 and f32, every gradient; the
-# conformance GPU tier's value-gate cases) and timed there at B4 T4096 H16 K=V=128 bf16: forward 1.37 ms against
-# XLA's 2.85, but forward+backward 11.17 against 8.24 (value_dqk 5.1 ms, value_dv 4.7, under Nsight Compute; the
-# backward was restructured after that, not yet timed).
-_VALUE_CHUNK_GPU_PRIORITY = 5
+# recurrent with a value gate on the value-side chunked kernels (ejkernel_triton._value_chunk): above XLA (10) on GPUs,
+# below the fused recurrent decode kernel (110; these decline decode steps). Checked on an H200 (2026-12-04:
+# benchmarks/gpucheck/value_chunk.py against XLA, bf16 and f32, every gradient; the conformance GPU tier's value-gate
+# cases) and timed there at B4 T4096 H16 K=V=128 bf16 with the backward of 2bcda3d (each chunk's pair matrices once):
+# forward 1.38 ms against XLA's 2.73, forward+backward 6.90 against 8.43 (the backward before it: 11.17 against 8.24).
+_VALUE_CHUNK_GPU_PRIORITY = 50
 # The chunked gated_delta_rule (the WY representation): above XLA (10) on GPUs, below the fused recurrent decode
 # kernel (110), which takes decode steps and declines longer sequences. Checked on an H200 (conformance GPU tier at
 # every candidate, gradients included, 2026-12-04) and timed there at B4 T4096 H16 K=V=128 bf16: forward 0.89 ms
@@ -142,7 +142,7 @@ _KERNELS = (
     ("gla", "gla.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     ("lightning_attn", "lightning_attn.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
     ("recurrent", "recurrent.chunk", _CHUNK_FWD, _CHUNK_BWD, _CHUNK_GPU_PRIORITY, "_chunk"),
-    # recurrent with a value gate (no key gate): the value-side chunked kernels, below XLA (its backward is slower).
+    # recurrent with a value gate (no key gate): the value-side chunked kernels.
     ("recurrent", "recurrent.value_chunk", _CHUNK_FWD, _CHUNK_BWD, _VALUE_CHUNK_GPU_PRIORITY, "_value_chunk"),
     # The chunked gated_delta_rule (the WY representation), forward and backward.
     ("gated_delta_rule", "gated_delta_rule.chunk", _CHUNK_FWD, _CHUNK_BWD, _GDR_CHUNK_GPU_PRIORITY, "_chunk"),

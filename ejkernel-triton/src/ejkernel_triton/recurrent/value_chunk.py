@@ -2,12 +2,10 @@
 kernels (``ejkernel_triton._value_chunk``) with ``g + g_v`` as one log decay per value channel ``[B, T, H, V]``
 (``g`` zeros when absent), ``reverse`` as the flipped sequence (``ejkernel_triton._gates``).
 
-Registered apart from ``triton_chunk`` (as ``triton_value_chunk``) and below XLA on GPUs: on an H200 (2026-12-04,
+Registered apart from ``triton_chunk`` (as ``triton_value_chunk``), above XLA on GPUs: on an H200 (2026-12-04,
 ``benchmarks/gpucheck/value_chunk.py``, B4 T4096 H16 K=V=128 bf16, outputs and gradients checked first) its forward
-took 1.37 ms against XLA's 2.85, but forward + backward 11.17 against 8.24 (``value_dqk`` 5.1 ms and ``value_dv``
-4.7 ms, both at 254-255 registers a thread; since then the backward builds each chunk's pair matrices once,
-not yet timed). Ask for it by name (``platform="triton_value_chunk"``) where only the
-forward runs.
+took 1.38 ms against XLA's 2.73, forward + backward 6.90 against 8.43 (the backward builds each chunk's pair matrices
+once, ``value_pairs``; before that it took 11.17 against 8.24).
 
 Declined (``supports``): calls without a value gate (``triton_chunk``'s), a key gate with it (no kernel decays both
 sides of the state), what the chunked ``gla`` declines, and decode steps on a GPU (``decode_reason``). Launch
