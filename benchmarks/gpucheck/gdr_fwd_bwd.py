@@ -7,7 +7,7 @@ under several forward launches) are compared with XLA's (max abs error over max 
 which holds the state token by token (65 GiB here), hence this script.
 
 Run on the GPU machine after ``bash .ci/gpu setup``: ``PYTHONPATH=/tmp/ejk-site python3
-benchmarks/gpucheck/gdr_fwd_bwd.py [--shape B,T] [--dims K,V]``.
+benchmarks/gpucheck/gdr_fwd_bwd.py [--shape B,T] [--dims K,V] [--fwd-only]`` (``--fwd-only``: the forward plans alone).
 """
 
 from __future__ import annotations
@@ -65,7 +65,7 @@ def main():
     want_out = jax.jit(lambda *a: xla_gdr(*a, use_qk_l2norm=True)[0])
     ref_out = want_out(*args).astype(jnp.float32)
     print(f"xla chunked fwd     {ms(want_out, *args):8.3f} ms", flush=True)
-    for c, bv, w in ((0, 0, 0), (64, 32, 4), (32, 64, 4), (64, 64, 8), (32, 32, 4)):
+    for c, bv, w in ((0, 0, 0), (64, 32, 4), (64, 16, 4), (32, 64, 4), (64, 64, 8), (32, 32, 4), (32, 16, 4)):
         p = ChunkFwdParams() if c == 0 else ChunkFwdParams(chunk_size=c, block_v=bv, num_warps=w)
         f = jax.jit(lambda *a, p=p: chunk.gated_delta_rule(*a, use_qk_l2norm=True, fwd_params=p)[0])
         label = "default" if c == 0 else f"c{c} bv{bv} w{w}"
@@ -74,6 +74,8 @@ def main():
             print(f"triton_chunk fwd {label:12s} {ms(f, *args):8.3f} ms  rel err vs xla {err:.1e}", flush=True)
         except Exception as e:  # noqa: BLE001
             print(f"triton_chunk fwd {label} ERROR {type(e).__name__}: {str(e)[:300]}", flush=True)
+    if "--fwd-only" in sys.argv:
+        return
     base = grad_of(xla_gdr)
     want = base(*args)
     print(f"xla chunked fwd+bwd {ms(base, *args):8.3f} ms", flush=True)

@@ -9,7 +9,9 @@ softmax) and is checked against the current one first:
 - ``reduce``: products and sums as elementwise ops and reductions (XLA may fuse the gather into them: one read);
 - ``blockdiag``: one matmul per sequence over all kv heads at once ([K*G, D] x [bk*K, D]^T, the off-diagonal
   head pairs discarded; the value product with the probabilities spread block-diagonally), so that no gathered
-  block is transposed; ``blockdiag-nomask`` likewise without the value mask.
+  block is transposed; ``blockdiag-nomask`` likewise without the value mask;
+- ``steps-x4`` / ``steps-x0.25``: today's update with the accelerator budget (``_paged.ACCELERATOR_BUDGET``, the
+  gathered block's elements) four times larger (at N64 x 4096: one step of 4096 keys, as the gather) or smaller.
 
 Run on the GPU machine after ``bash .ci/gpu setup``: ``PYTHONPATH=/tmp/ejk-site python3
 benchmarks/gpucheck/paged_xla_variants.py``. ``--small``: tiny shapes on a CPU (a dry run).
@@ -17,6 +19,7 @@ benchmarks/gpucheck/paged_xla_variants.py``. ``--small``: tiny shapes on a CPU (
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import sys
 import time
@@ -85,7 +88,17 @@ def _blockdiag(mask_v):
 
 
 VARIANTS = {"base": BASE, "mask-all": mask_all, "reduce": reduce, "blockdiag": _blockdiag(True),
-            "blockdiag-nomask": _blockdiag(False)}  # fmt: skip
+            "blockdiag-nomask": _blockdiag(False), "steps-x4": BASE, "steps-x0.25": BASE}  # fmt: skip
+BUDGET = _paged.ACCELERATOR_BUDGET
+
+
+def _budget(name):
+    if not name.startswith("steps-x"):
+        return BUDGET
+    f = float(name[len("steps-x") :])
+    return dataclasses.replace(
+        BUDGET, kv_elements=int(BUDGET.kv_elements * f), tile_elements=int(BUDGET.tile_elements * f)
+    )
 
 
 def gathered(q, kc, vc, lens, tables):
@@ -127,6 +140,7 @@ def main():
                   f"({gbytes / t_g:.2f} TB/s at full lengths)", flush=True)  # fmt: skip
             for name, fn in VARIANTS.items():
                 _paged.update = fn
+                _paged.ACCELERATOR_BUDGET = _budget(name)
                 try:
                     f = jax.jit(lambda *a: page_attention(*a))
                     got = f(*args).astype(F32)
@@ -138,7 +152,7 @@ def main():
                 except Exception as e:  # noqa: BLE001
                     print(f"  {name:17s} failed: {type(e).__name__}: {str(e)[:200]}", flush=True)
                 finally:
-                    _paged.update = BASE
+                    _paged.update, _paged.ACCELERATOR_BUDGET = BASE, BUDGET
 
 
 if __name__ == "__main__":
