@@ -12,7 +12,6 @@ launch on the GPU, so it is marked ``OVER`` here (and the report goes on, rather
     .venv/bin/python benchmarks/ptxas_report.py gla --dtype float32 --bwd block_v=32
     .venv/bin/python benchmarks/ptxas_report.py gated_delta_rule --fwd chunk_size=32 --bwd num_stages=2
     .venv/bin/python benchmarks/ptxas_report.py simple_gla --fwd block_v=128 --bwd num_warps=8
-    .venv/bin/python benchmarks/ptxas_report.py gla --intra columns --split-warps 4,2
 
 Shapes: B4 T4096 H16 K=V=128 (``--dims K,V`` to change the head dims).
 """
@@ -51,13 +50,6 @@ def main() -> None:
     ap.add_argument("--dims", default="128,128", help="K,V")
     ap.add_argument("--fwd", nargs="*", default=[], help="ChunkFwdParams fields, name=value")
     ap.add_argument("--bwd", nargs="*", default=[], help="ChunkBwdParams fields, name=value")
-    ap.add_argument(
-        "--intra",
-        default="fused",
-        choices=["fused", "levels", "columns"],
-        help="gla's forward intra-chunk scores: fused, or split with the diagonal blocks by levels or columns",
-    )
-    ap.add_argument("--split-warps", default=None, help="warps of the split launches: OFFDIAG,DIAG")
     a = ap.parse_args()
 
     from ejkernel_triton import _simple_chunk as simple
@@ -66,11 +58,6 @@ def main() -> None:
     from ejkernel_triton.gated_delta_rule import chunk as gdr
     from ejkernel_triton.gla import chunk as gla
 
-    gla._INTRA = "fused" if a.intra == "fused" else "split"
-    gla._DIAG_FORM = int(a.intra == "columns")
-    if a.split_warps:
-        w_off, w_diag = (int(x) for x in a.split_warps.split(","))
-        gla._SPLIT_WARPS = (w_off, w_diag)
     ptxas = get_ptxas(90).path
     real = triton.compile
     limit = launch.shared_memory_per_block(90)

@@ -10,17 +10,10 @@
     initial state), forward and forward + backward (the loss ``sum(o * r)`` with its gradients in q, k, v, g), for
     ``triton_chunk`` and ``xla``; with ``--plans`` also ``triton_chunk`` at a few launch plans (forward value
     tiles of 128, backward key tiles of 32 and value tiles of 32, forward chunks of 32); with ``--kernels`` each Triton launch of one
-    forward + backward alone;
-(c) ``--intra`` (instead of (a) and (b)): the forward's intra-chunk forms (``ejkernel_triton.gla.chunk._INTRA``,
-    ``_DIAG_FORM``, ``_SPLIT_WARPS``): fused, split with the diagonal blocks by levels, split by columns, the split
-    ones at a few (off-diagonal, diagonal) warps. Each form's forward at the timing shape against the default's
-    (relative error, FAIL above the bfloat16 forward tolerance), at the default warps also packed (T1031, as in
-    (a)) in bfloat16 and float32 against the default's; then its forward, the scores ``A`` alone (the split forms'
-    join included) and each of their launches alone (ms).
+    forward + backward alone.
 
 Run (on the GPU machine, repo root; .whl carried):
     bash .ci/gpu setup >/dev/null && PYTHONPATH=/tmp/ejk-site python3 benchmarks/gpucheck/gla_chunk.py [--plans] [--kernels]
-    bash .ci/gpu setup >/dev/null && PYTHONPATH=/tmp/ejk-site python3 benchmarks/gpucheck/gla_chunk.py --intra
 """
 
 from __future__ import annotations
@@ -156,9 +149,10 @@ def plan_times(q, k, v, g, r):
         print(f"  {name:22s} fwd {t_f:8.3f}   fwd+bwd {t_fb:8.3f}")
 
 
-def recorded_launches(run):
-    """``run()`` (eager), and the Triton launches it made as ``(kernel, args, kwargs)``."""
+def kernel_times(args):
+    """Each Triton launch of one forward + backward, alone (recorded eagerly, replayed under jit)."""
     from ejkernel_triton import launch
+    from ejkernel_triton.gla import chunk
 
     calls = []
     real = launch.launch
@@ -169,132 +163,38 @@ def recorded_launches(run):
 
     launch.launch = record
     try:
-        jax.block_until_ready(run())
-    finally:
-        launch.launch = real
-    return calls
-
-
-def launch_ms(call, **reps):
-    """One recorded launch alone, replayed under jit: ``(name, grid, ms)``."""
-    from ejkernel_triton import launch
-
-    kernel, a, kw = call
-    at = [i for i, x in enumerate(a) if isinstance(x, jax.Array)]
-
-    def one(*arrays):
-        full = list(a)
-        for i, x in zip(at, arrays, strict=True):
-            full[i] = x
-        return launch.launch(kernel, *full, **kw)
-
-    return kw.get("name", kernel.__name__), kw["grid"], bench(jax.jit(one), *(a[i] for i in at), **reps)
-
-
-def default_static(q, v):
-    from ejkernel_triton.gla import chunk
-
-    dk = q.shape[-1]
-    d = chunk.Dims(dk, v.shape[-1])
-    return chunk.Static(
-        chunk.make_plan(d, chunk.ChunkFwdParams(), "fwd"),
-        chunk.make_plan(d, chunk.ChunkBwdParams(), "bwd"),
-        dk**-0.5,
-        False,
-    )
-
-
-def kernel_times(args):
-    """Each Triton launch of one forward + backward, alone (recorded eagerly, replayed under jit)."""
-    from ejkernel_triton.gla import chunk
-
-    q, k, v, g = args
-    b, t = q.shape[:2]
-    s = default_static(q, v)
-    rows = [chunk._rows(x) for x in (q, k, v, g)]
-
-    def run():
-        _, _, a, gc = chunk._forward_rows(s, chunk._chunk_table(b, t, s.fwd.chunk, None), *rows, None)
+        q, k, v, g = args
+        b, t, h, dk = q.shape
+        s = chunk.Static(
+            chunk.make_plan(chunk.Dims(dk, v.shape[-1]), chunk.ChunkFwdParams(), "fwd"),
+            chunk.make_plan(chunk.Dims(dk, v.shape[-1]), chunk.ChunkBwdParams(), "bwd"),
+            dk**-0.5,
+            False,
+        )
+        rows = [chunk._rows(x) for x in (q, k, v, g)]
+        _, _, a, gc = jax.block_until_ready(
+            chunk._forward_rows(s, chunk._chunk_table(b, t, s.fwd.chunk, None), *rows, None)
+        )
         do = jnp.ones(rows[2].shape, v.dtype)
         tab = chunk._chunk_table(b, t, s.bwd.chunk, None)
         # the backward as the custom VJP runs it: the forward's A and cumulative gates as residuals
-        return chunk._backward_rows(s, tab, *rows, None, do, None, a, gc)
-
-    total = 0.0
-    for call in recorded_launches(run):
-        name, grid, ms = launch_ms(call)
-        total += ms
-        print(f"  {name:36s} grid {str(grid):18s} {ms:8.3f} ms")
-    print(f"  {'sum':36s} {'':23s} {total:8.3f} ms")
-
-
-# (label, _INTRA, _DIAG_FORM, _SPLIT_WARPS (off-diagonal, diagonal) or None: the module's default)
-_SPLIT_WARP_CHOICES = (None,) if SMALL else (None, (1, 2), (2, 4))
-INTRA_FORMS = (
-    ("fused", "fused", 0, None, None),
-    ("fused columns", "fused", 1, None, None),
-    ("fused col k128", "fused", 1, None, 128),
-    ("split levels", "split", 0, None, None),
-    *(("split columns", "split", 1, w, None) for w in _SPLIT_WARP_CHOICES),
-    ("split col k128", "split", 1, None, 128),
-)
-
-
-def intra_times(q, k, v, g):
-    """(c): every form of ``INTRA_FORMS`` checked against the default's forward, then timed (module docstring)."""
-    from ejkernel_triton.gla import chunk
-
-    reps = {"n": 1, "warmup": 0} if SMALL else {}  # the interpreter: one run each
-    saved = (chunk._INTRA, chunk._DIAG_FORM, chunk._SPLIT_WARPS, chunk._INTRA_BK)
-    cu_ = (0, 1, 30, 30, 60, 66) if SMALL else (0, 1, 400, 400, 900, 1020)
-    cu = jnp.asarray(cu_, jnp.int32)
-    hd = q.shape[-1]
-    packed = {d: inputs(1, 70 if SMALL else 1031, 4, hd, hd, d, h0=False)[:4] for d in (jnp.bfloat16, jnp.float32)}
-    b, t = q.shape[:2]
-    s = default_static(q, v)
-    tab = chunk._chunk_table(b, t, s.fwd.chunk, None)
-    qr, kr, vr, gr = (chunk._rows(x) for x in (q, k, v, g))
-    gc = chunk._forward_rows(s, tab, qr, kr, vr, gr, None)[3]
-    want, ok = {}, True
-    print(
-        f"  {'form':14s} {'warps':5s} {'o rel':>8s} {'packed bf16/f32':>17s}     {'fwd':>7s} {'A':>7s}   launches (ms)"
-    )
-    try:
-        for label, intra, diag, warps, bk in INTRA_FORMS:
-            chunk._INTRA, chunk._DIAG_FORM, chunk._SPLIT_WARPS, chunk._INTRA_BK = intra, diag, warps or saved[2], bk
-
-            def fwd(q, k, v, g, cu=None):  # a new function per form: traced with its switches
-                return chunk.gla(q, k, v, g, cu_seqlens=cu)[0]
-
-            def scores(q, k, gc):
-                return chunk._intra_scores(s, s.fwd, tab, q, k, gc)
-
-            f = jax.jit(fwd)
-            o = f(q, k, v, g)
-            want.setdefault("o", o)
-            r = rel(o, want["o"])[0]
-            good = r <= FWD_RTOL["bfloat16"] and bool(np.all(np.isfinite(np.asarray(o, np.float32))))
-            text = f"{'':17s}"
-            if warps is None and bk is None:
-                errs = []
-                for d, args in packed.items():
-                    o_p = f(*args, cu=cu)
-                    r_p = rel(o_p, want.setdefault(d, o_p))[0]
-                    good &= r_p <= FWD_RTOL[jnp.dtype(d).name] and bool(
-                        np.all(np.isfinite(np.asarray(o_p, np.float32)))
-                    )
-                    errs.append(r_p)
-                text = f"{errs[0]:8.1e}/{errs[1]:8.1e}"
-            ok &= good
-            t_f = bench(f, q, k, v, g, **reps)
-            t_a = bench(jax.jit(scores), qr, kr, gc, **reps)
-            per = [launch_ms(c, **reps) for c in recorded_launches(lambda scores=scores: scores(qr, kr, gc))]
-            each = "  ".join(f"{n.removeprefix('ejkernel_gla_chunk_')} {ms:.3f}" for n, _, ms in per)
-            w = "-" if intra == "fused" else "{},{}".format(*chunk._SPLIT_WARPS)
-            print(f"  {label:14s} {w:5s} {r:8.1e} {text}  {'PASS' if good else 'FAIL'} {t_f:7.3f} {t_a:7.3f}   {each}")
+        jax.block_until_ready(chunk._backward_rows(s, tab, *rows, None, do, None, a, gc))
     finally:
-        chunk._INTRA, chunk._DIAG_FORM, chunk._SPLIT_WARPS, chunk._INTRA_BK = saved
-    print("  intra forms: " + ("ALL PASS" if ok else "SOME FAILED"))
+        launch.launch = real
+    total = 0.0
+    for kernel, a, kw in calls:
+        at = [i for i, x in enumerate(a) if isinstance(x, jax.Array)]
+
+        def one(*arrays, a=a, at=at, kernel=kernel, kw=kw):
+            full = list(a)
+            for i, x in zip(at, arrays, strict=True):
+                full[i] = x
+            return real(kernel, *full, **kw)
+
+        ms = bench(jax.jit(one), *(a[i] for i in at))
+        total += ms
+        print(f"  {kw.get('name', kernel.__name__):36s} grid {str(kw['grid']):18s} {ms:8.3f} ms")
+    print(f"  {'sum':36s} {'':23s} {total:8.3f} ms")
 
 
 def main():
@@ -303,11 +203,6 @@ def main():
     print("gla on gpu (name: priority):", impls)
     assert IMPL in impls, f"{IMPL} is not registered for the GPU"
 
-    if "--intra" in sys.argv:
-        print("(c) forward intra-chunk forms, B4 T4096 H16 K=V=128 bf16, median of 20 (ms)")
-        q, k, v, g, _ = inputs(*((1, 128, 2, 32, 32) if SMALL else (4, 4096, 16, 128, 128)), jnp.bfloat16, h0=False)
-        intra_times(q, k, v, g)
-        return
     print("(a) correctness against the float32 reference")
     ok = True
     for dtype in (jnp.bfloat16, jnp.float32):

@@ -109,36 +109,6 @@ def test_packed_sequences_by_blocks(gate_scale):
         assert np.isfinite(np.asarray(g)).all() and _rel(g, w) < 1e-4, (name, _rel(g, w))
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-def test_split_intra_forms_equal_the_fused_one(dtype, monkeypatch):
-    """The forward's split intra-chunk launches (``chunk_intra_offdiag`` + ``chunk_intra_diag``, diagonal blocks by
-    levels or by columns) give the fused ``chunk_intra_attn``'s scores ``A``, all of them (a block left unstored
-    would show the interpreter's NaN fill): packed sequences of 23 and 67 tokens (partial blocks, blocks with no
-    valid row, a full chunk), strong gates, two key tiles."""
-    cu = np.array([0, 23, 90])
-    (q, k, _, g), _ = _inputs(1, 96, 1, 1, 20, 16, n=2, seed=11, gate_scale=30.0)
-    q, k = (x[0].astype(dtype) for x in (q, k))
-    gc = np.zeros(g.shape[1:], np.float32)  # the chunk-local cumulative gates of chunks of 64
-    for s0, s1 in zip(cu[:-1], cu[1:], strict=True):
-        for c in range(s0, s1, 64):
-            gc[c : min(c + 64, s1)] = np.cumsum(np.asarray(g[0, c : min(c + 64, s1)]), axis=0)
-    d = chunk.Dims(20, 16)
-    s = chunk.Static(chunk.make_plan(d, chunk.ChunkFwdParams(block_k=16)), chunk.default_plan(d, "bwd"), 0.5, False)
-    tab = chunk._chunk_table(1, 96, s.fwd.chunk, jnp.asarray(cu, jnp.int32))
-
-    def scores(intra, diag):
-        monkeypatch.setattr(chunk, "_INTRA", intra)
-        monkeypatch.setattr(chunk, "_DIAG_FORM", diag)
-        return np.asarray(chunk._intra_scores(s, s.fwd, tab, q, k, jnp.asarray(gc)), np.float32)
-
-    want = scores("fused", 0)
-    assert np.isfinite(want).all() and np.abs(want).max() > 0
-    tol = 1e-6 if dtype == jnp.float32 else 1e-2  # bfloat16 A: its rounding
-    for diag in (0, 1):
-        got = scores("split", diag)
-        assert np.isfinite(got).all() and _rel(got, want) < tol, (diag, _rel(got, want))
-
-
 def test_vmap_folds_into_one_launch(monkeypatch):
     batches = []
     forward_rows = chunk._forward_rows

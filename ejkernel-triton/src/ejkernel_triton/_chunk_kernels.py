@@ -15,8 +15,7 @@ too when it cuts other chunks than the forward) and runs the rest):
   stores the state at each chunk's start ``h [NT, HV, K, V]`` (in ``h``'s dtype: the forward's feeds only dots
   that round it to bfloat16 for bfloat16 inputs, so it is stored so) and the final state;
 * :func:`chunk_intra_attn`: ``A [NT, HV, BT, BT]`` (scale included; zeros above the diagonal; in ``A``'s dtype,
-  bfloat16 for bfloat16 inputs: every dot that reads it rounds it so), one program per ``[BC, BC]`` block; or split:
-  :func:`chunk_intra_offdiag` for the blocks below the diagonal, :func:`chunk_intra_diag` for the others;
+  bfloat16 for bfloat16 inputs: every dot that reads it rounds it so), one program per ``[BC, BC]`` block;
 * :func:`chunk_output`: ``o = scale (q * exp(b)) @ h + A @ v``;
 * :func:`chunk_state_bwd`: the reverse recurrence of the state's gradient; stores ``dhe``, the gradient of the
   state at each chunk's *end* (what the chunk's keys and values fed), and the initial state's gradient;
@@ -261,54 +260,6 @@ def chunk_state_fwd(
 
 
 @triton.jit
-def diag_block(Q, K_, GC, bos, ref, n_rows, i_h, i_hv, H: tl.constexpr, HV: tl.constexpr, DK: tl.constexpr,
-               GK: tl.constexpr, BK: tl.constexpr, BC: tl.constexpr, LEVELS: tl.constexpr, DIAG: tl.constexpr,
-               PREC: tl.constexpr, DOT: tl.constexpr, EMU: tl.constexpr):  # fmt: skip
-    """The pairs ``i >= j`` of the diagonal block of rows ``ref + [0, BC)`` (unscaled, float32 ``[BC, BC]``) by
-    ``DIAG``: 0, ``LEVELS = log2(BC)`` levels of products (:func:`level`) and ``q_i . k_i`` element-wise; 1, one
-    column ``j`` at a time, ``A_ij = sum_c q_ic k_jc exp(b_ic - b_jc)`` element-wise for the rows ``i >= j``
-    (exponents <= 0; the rows ``i < j`` are kept out before the exponent), unrolled so that the column loads do
-    not wait on each other."""
-    o_c = tl.arange(0, BC)
-    r_i = ref + o_c
-    m_i = r_i < n_rows
-    n_local = n_rows - ref  # valid rows of the block (may be <= 0)
-    b_a = tl.zeros([BC, BC], dtype=tl.float32)
-    for i_k in range(tl.cdiv(DK, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < DK
-        m_ik = m_i[:, None] & m_k[None, :]
-        b_q = tile(Q, bos + r_i[:, None], o_k[None, :], m_ik, i_h, H, DK)  # [BC, BK]
-        b_g = gate(GC, bos + r_i[:, None], o_k[None, :], m_ik, i_hv, HV, GK)
-        if DIAG == 0:
-            m_ki = m_k[:, None] & m_i[None, :]
-            b_kT = tile(K_, bos + r_i[None, :], o_k[:, None], m_ki, i_h, H, DK)  # [BK, BC]
-            b_gT = gate(GC, bos + r_i[None, :], o_k[:, None], m_ki, i_hv, HV, GK)
-            b_k = tile(K_, bos + r_i[:, None], o_k[None, :], m_ik, i_h, H, DK)
-            b_a += tl.where(o_c[:, None] == o_c[None, :], tl.sum(b_q * b_k, axis=1)[:, None], 0.0)
-            for lv in range(LEVELS):
-                S = BC >> (lv + 1)
-                ref_l, up, lo = level(o_c, n_local, S)
-                m_uk = up[:, None] & m_k[None, :]
-                m_kl = m_k[:, None] & lo[None, :]
-                b_r = gate(GC, bos + ref + ref_l[:, None], o_k[None, :], m_uk, i_hv, HV, GK)  # [BC, BK]
-                b_rT = gate(GC, bos + ref + ref_l[None, :], o_k[:, None], m_kl, i_hv, HV, GK)  # [BK, BC]
-                b_qs = b_q * tl.exp(tl.where(m_uk, b_g - b_r, float("-inf")))  # rows past the reference
-                b_ks = b_kT * tl.exp(tl.where(m_kl, b_rT - b_gT, float("-inf")))  # columns before it
-                b_p = mm(b_qs, b_ks, tl.zeros([BC, BC], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
-                b_a += tl.where((o_c[:, None] // (2 * S)) == (o_c[None, :] // (2 * S)), b_p, 0.0)
-        else:
-            for j in tl.static_range(BC):
-                m_jk = m_k & (o_k * 0 + j < n_local)
-                b_kj = tile(K_, bos + ref + j, o_k, m_jk, i_h, H, DK)  # [BK], row j
-                b_gj = gate(GC, bos + ref + j, o_k, m_jk, i_hv, HV, GK)
-                m_e = m_ik & (o_c >= j)[:, None]  # valid rows i >= j: row j is valid too
-                b_s = tl.sum(b_q * b_kj[None, :] * tl.exp(tl.where(m_e, b_g - b_gj[None, :], float("-inf"))), axis=1)
-                b_a += tl.where(o_c[None, :] == j, b_s[:, None], 0.0)
-    return b_a
-
-
-@triton.jit
 def chunk_intra_attn(
     Q,
     K_,
@@ -326,7 +277,6 @@ def chunk_intra_attn(
     BK: tl.constexpr,
     BC: tl.constexpr,
     LEVELS: tl.constexpr,
-    DIAG: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
@@ -334,7 +284,8 @@ def chunk_intra_attn(
     """Block ``(i_i, i_j)`` (``[BC, BC]``) of the chunk's scores ``A`` (scale included, zeros above the diagonal).
     Below the diagonal one product, the gates referred to the first row ``r`` of block ``i_i``: ``(q_i exp(b_i -
     b_r)) . (k_j exp(b_r - b_j))``, both exponents <= 0 (``j < r <= i``); a block past the chunk's valid rows is
-    zeros (its ``r`` is no row). On the diagonal :func:`diag_block` (``DIAG``: levels or columns). Small tiles: several programs of few warps per SM, where one
+    zeros (its ``r`` is no row). On the diagonal the pairs ``i > j`` in ``LEVELS = log2(BC)`` levels
+    (:func:`level`), ``q_i . k_i`` element-wise. Small tiles: several programs of few warps per SM, where one
     ``[BT, BT]`` program per chunk takes all of an SM's registers. Grid ``(NT, HV, (BT / BC)^2)``."""
     i_t, i_hv, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_i = i_p // (BT // BC)
@@ -364,112 +315,32 @@ def chunk_intra_attn(
             b_ks = b_kT * tl.exp(tl.where(m_kj, b_r[:, None] - b_gT, float("-inf")))
             b_a = mm(b_qs, b_ks, b_a, 1, 1, DOT, EMU, PREC)
     elif i_i == i_j:
-        b_a = diag_block(Q, K_, GC, bos, ref, n_rows, i_h, i_hv, H, HV, DK, GK, BK, BC, LEVELS, DIAG, PREC, DOT, EMU)
-    p_a = A + ((i_t.to(tl.int64) * HV + i_hv) * BT + r_i[:, None]) * BT + r_j[None, :]
-    tl.store(p_a, (b_a * scale).to(A.dtype.element_ty))
-
-
-@triton.jit
-def chunk_intra_offdiag(
-    Q,
-    K_,
-    GC,
-    Cu,
-    ChunkSeq,
-    ChunkOff,
-    scale,
-    A,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    DK: tl.constexpr,
-    GK: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BC: tl.constexpr,
-    PREC: tl.constexpr,
-    DOT: tl.constexpr,
-    EMU: tl.constexpr,
-):
-    """Block ``(i_i, i_j)``, ``i_i > i_j``, of the chunk's scores ``A`` (scale included): :func:`chunk_intra_attn`'s
-    product below the diagonal (gates referred to the first row of block ``i_i``; zeros when that row is no valid
-    row), alone, so its programs take only its registers. With :func:`chunk_intra_diag` it writes all of ``A``.
-    Grid ``(NT, HV, NC (NC - 1) / 2)``, ``NC = BT / BC``: the lower pairs row by row, ``(1, 0), (2, 0), (2, 1),
-    ...``."""
-    NC: tl.constexpr = BT // BC
-    i_t, i_hv, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_i = 1  # row i_i starts at pair i_i (i_i - 1) / 2
-    for r in tl.static_range(2, NC):
-        i_i += (i_p >= r * (r - 1) // 2).to(tl.int32)
-    i_j = i_p - i_i * (i_i - 1) // 2
-    i_h = i_hv // (HV // H)
-    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
-    o_c = tl.arange(0, BC)
-    r_i = i_i * BC + o_c  # the block's rows and columns in the chunk
-    r_j = i_j * BC + o_c
-    m_i = r_i < n_rows
-    m_j = r_j < n_rows
-    ref = i_i * BC
-
-    b_a = tl.zeros([BC, BC], dtype=tl.float32)
-    if ref < n_rows:
+        n_local = n_rows - ref  # valid rows of the block (may be <= 0)
+        b_d = tl.zeros([BC], dtype=tl.float32)
         for i_k in range(tl.cdiv(DK, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < DK
             m_ik = m_i[:, None] & m_k[None, :]
-            m_kj = m_k[:, None] & m_j[None, :]
+            m_ki = m_k[:, None] & m_i[None, :]
             b_q = tile(Q, bos + r_i[:, None], o_k[None, :], m_ik, i_h, H, DK)  # [BC, BK]
             b_g = gate(GC, bos + r_i[:, None], o_k[None, :], m_ik, i_hv, HV, GK)
-            b_kT = tile(K_, bos + r_j[None, :], o_k[:, None], m_kj, i_h, H, DK)  # [BK, BC]
-            b_gT = gate(GC, bos + r_j[None, :], o_k[:, None], m_kj, i_hv, HV, GK)
-            b_r = gate(GC, bos + ref, o_k, m_k, i_hv, HV, GK)  # [BK]
-            b_qs = b_q * tl.exp(tl.where(m_ik, b_g - b_r[None, :], float("-inf")))
-            b_ks = b_kT * tl.exp(tl.where(m_kj, b_r[:, None] - b_gT, float("-inf")))
-            b_a = mm(b_qs, b_ks, b_a, 1, 1, DOT, EMU, PREC)
+            b_kT = tile(K_, bos + r_i[None, :], o_k[:, None], m_ki, i_h, H, DK)  # [BK, BC]
+            b_gT = gate(GC, bos + r_i[None, :], o_k[:, None], m_ki, i_hv, HV, GK)
+            b_d += tl.sum(b_q * tile(K_, bos + r_i[:, None], o_k[None, :], m_ik, i_h, H, DK), axis=1)
+            for lv in range(LEVELS):
+                S = BC >> (lv + 1)
+                ref_l, up, lo = level(o_c, n_local, S)
+                m_uk = up[:, None] & m_k[None, :]
+                m_kl = m_k[:, None] & lo[None, :]
+                b_r = gate(GC, bos + ref + ref_l[:, None], o_k[None, :], m_uk, i_hv, HV, GK)  # [BC, BK]
+                b_rT = gate(GC, bos + ref + ref_l[None, :], o_k[:, None], m_kl, i_hv, HV, GK)  # [BK, BC]
+                b_qs = b_q * tl.exp(tl.where(m_uk, b_g - b_r, float("-inf")))  # rows past the reference
+                b_ks = b_kT * tl.exp(tl.where(m_kl, b_rT - b_gT, float("-inf")))  # columns before it
+                b_p = mm(b_qs, b_ks, tl.zeros([BC, BC], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
+                b_a += tl.where((o_c[:, None] // (2 * S)) == (o_c[None, :] // (2 * S)), b_p, 0.0)
+        b_a += tl.where(o_c[:, None] == o_c[None, :], b_d[:, None], 0.0)
     p_a = A + ((i_t.to(tl.int64) * HV + i_hv) * BT + r_i[:, None]) * BT + r_j[None, :]
     tl.store(p_a, (b_a * scale).to(A.dtype.element_ty))
-
-
-@triton.jit
-def chunk_intra_diag(
-    Q,
-    K_,
-    GC,
-    Cu,
-    ChunkSeq,
-    ChunkOff,
-    scale,
-    A,
-    H: tl.constexpr,
-    HV: tl.constexpr,
-    DK: tl.constexpr,
-    GK: tl.constexpr,
-    BT: tl.constexpr,
-    BK: tl.constexpr,
-    BC: tl.constexpr,
-    LEVELS: tl.constexpr,
-    DIAG: tl.constexpr,
-    PREC: tl.constexpr,
-    DOT: tl.constexpr,
-    EMU: tl.constexpr,
-):
-    """Diagonal block ``i_c`` of the chunk's scores ``A`` (scale included) and the zero blocks right of it (with
-    :func:`chunk_intra_offdiag` all of ``A``: its readers take it whole). The pairs ``i >= j`` of the block by
-    ``DIAG``: 0, :func:`chunk_intra_attn`'s ``LEVELS`` levels (products); 1, one column ``j`` at a time, ``A_ij =
-    sum_c q_ic k_jc exp(b_ic - b_jc)`` element-wise in float32 for all rows ``i >= j`` (exponents <= 0; the rows
-    ``i < j`` are kept out before the exponent), no product. Grid ``(NT, HV, BT / BC)``."""
-    NC: tl.constexpr = BT // BC
-    i_t, i_hv, i_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_h = i_hv // (HV // H)
-    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
-    o_c = tl.arange(0, BC)
-    ref = i_c * BC
-    r_i = ref + o_c  # the block's rows (and columns) in the chunk
-    p_a = A + ((i_t.to(tl.int64) * HV + i_hv) * BT + r_i[:, None]) * BT + o_c[None, :]
-    for i_j in range(i_c + 1, NC):
-        tl.store(p_a + i_j * BC, tl.zeros([BC, BC], dtype=A.dtype.element_ty))
-
-    b_a = diag_block(Q, K_, GC, bos, ref, n_rows, i_h, i_hv, H, HV, DK, GK, BK, BC, LEVELS, DIAG, PREC, DOT, EMU)
-    tl.store(p_a + i_c * BC, (b_a * scale).to(A.dtype.element_ty))
 
 
 @triton.jit

@@ -227,23 +227,6 @@ def _block_launch(plan: Plan, dot: str, kernel: str) -> dict[str, Any]:
     return {"num_warps": warps, "num_stages": plan.num_stages, "BC": _BLOCK_ROWS, "LEVELS": _BLOCK_LEVELS}
 
 
-# How the forward computes the intra-chunk scores A, read at each call (a benchmark sets them; both forms give A to
-# rounding): "fused", chunk_intra_attn, one program per [BC, BC] block of every kind; "split", chunk_intra_offdiag
-# for the blocks below the diagonal and chunk_intra_diag for the diagonal ones (and the zeros right of them), so
-# that the many off-diagonal programs do not reserve the diagonal code's registers. _DIAG_FORM: chunk_intra_diag's
-# DIAG (0: levels of products, 1: a loop over the block's columns, element-wise). _SPLIT_WARPS: (off-diagonal,
-# diagonal) warps of "split", by the registers a thread that ptxas gives for sm_90 (K = 128, tiles of 64, bf16;
-# f32 in brackets) at 1 / 2 / 4 warps, and the programs per SM that they leave:
-#   chunk_intra_offdiag        179 / 144 / 96 (252 / 160 / 128): 11 / 7 / 5 programs (1 warp: 11 warps, 2: 14)
-#   chunk_intra_diag, levels   255 + 104 B spilled / 220 / 128 + 8 B spilled (255 + 204 B / 255 + 8 B / 168)
-#   chunk_intra_diag, columns  225 / 121 / 68 (220 / 118 / 64): 8 programs at 2 warps, 7 at 4
-# against chunk_intra_attn's 225 at 2 warps (4 programs). Not yet timed: benchmarks/gpucheck/gla_chunk.py --intra.
-_INTRA = "fused"
-_DIAG_FORM = 0
-_INTRA_BK: int | None = None  # key channels per step of the intra launches (None: the plan's block_k)
-_SPLIT_WARPS = (2, 2)
-
-
 def _params(cls: type[_ChunkParams], plan: Plan) -> Any:
     return cls(
         chunk_size=plan.chunk,
@@ -468,66 +451,30 @@ def _prologue(
     hs, ht = _states(plan, tab, k, v, gc, h0, hs_dtype, split)
     if a is not None:
         return gc, hs, ht, a
-    return gc, hs, ht, _intra_scores(s, plan, tab, q, k, gc)
-
-
-def _intra_scores(s: Static, plan: Plan, tab: _Table, q: jax.Array, k: jax.Array, gc: jax.Array) -> jax.Array:
-    """The intra-chunk scores ``A [NT, HV, C, C]`` (in :func:`_operand_dtype`) by the launches that ``_INTRA``
-    names."""
-    from ejkernel_triton import _chunk_kernels as kern
-    from ejkernel_triton import launch
-
-    _, h, dk = q.shape
-    hv = gc.shape[1]
     dots = _dots(q.dtype)
     blocks = _block_launch(plan, dots["DOT"], "attn")
-    nc = plan.chunk // blocks["BC"]
-    out = jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), _operand_dtype(q.dtype))
-    args = (q, k, gc, tab.cu, tab.seq, tab.off, float(s.scale))
-    bk = min(_INTRA_BK or plan.block_k, _pow2(dk))
-    sizes = {"H": h, "HV": hv, "DK": dk, "GK": dk, "BT": plan.chunk, "BK": bk, **dots}
-    if _INTRA == "fused":
-        (a,) = launch.launch(
-            kern.chunk_intra_attn,
-            *args,
-            out_shape=(out,),
-            grid=(tab.nt, hv, nc**2),
-            name="ejkernel_gla_chunk_intra_attn",
-            DIAG=_DIAG_FORM,
-            **blocks,
-            **sizes,
-        )
-        return a
-    if _INTRA != "split":
-        raise ValueError(f"_INTRA must be 'fused' or 'split', got {_INTRA!r}")
-    w_off, w_diag = _SPLIT_WARPS
     (a,) = launch.launch(
-        kern.chunk_intra_diag,
-        *args,
-        out_shape=(out,),
-        grid=(tab.nt, hv, nc),
-        name="ejkernel_gla_chunk_intra_diag",
-        **{**blocks, "num_warps": w_diag},
-        DIAG=_DIAG_FORM,
-        **sizes,
+        kern.chunk_intra_attn,
+        q,
+        k,
+        gc,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        float(s.scale),
+        out_shape=(jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), _operand_dtype(q.dtype)),),
+        grid=(tab.nt, hv, (plan.chunk // blocks["BC"]) ** 2),
+        name="ejkernel_gla_chunk_intra_attn",
+        H=h,
+        HV=hv,
+        DK=dk,
+        GK=dk,
+        BT=plan.chunk,
+        BK=plan.block_k,
+        **blocks,
+        **dots,
     )
-    if nc == 1:  # one block per chunk: nothing below the diagonal
-        return a
-    (low,) = launch.launch(
-        kern.chunk_intra_offdiag,
-        *args,
-        out_shape=(out,),
-        grid=(tab.nt, hv, nc * (nc - 1) // 2),
-        name="ejkernel_gla_chunk_intra_offdiag",
-        num_warps=w_off,
-        num_stages=blocks["num_stages"],
-        BC=blocks["BC"],
-        **sizes,
-    )
-    # Each launch stores its own blocks of a separate array (launch has no output aliased to an input): one
-    # element-wise pass joins them.
-    blk = np.arange(plan.chunk) // blocks["BC"]
-    return jnp.where(blk[:, None] > blk[None, :], low, a)
+    return gc, hs, ht, a
 
 
 def _rows(x: jax.Array) -> jax.Array:
