@@ -10,11 +10,9 @@ benchmarks/gpucheck/gate_cumsum.py``.
 
 from __future__ import annotations
 
-import statistics
-import time
-
 import jax
 import jax.numpy as jnp
+from _timing import median_ms  # benchmarks/gpucheck/_timing.py (the script's folder is on sys.path)
 
 from ejkernel_triton import _chunk_kernels as kern
 from ejkernel_triton import launch
@@ -23,15 +21,8 @@ from ejkernel_triton.gla.chunk import _chunk_table
 B, T, H, K, C = 4, 4096, 16, 128, 64
 
 
-def bench(fn, *args, n=30):
-    for _ in range(3):
-        jax.block_until_ready(fn(*args))
-    ts = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+def bench(fn, *args):
+    return median_ms(fn, *args, n=30)
 
 
 def main():

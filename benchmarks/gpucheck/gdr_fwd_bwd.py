@@ -12,13 +12,12 @@ benchmarks/gpucheck/gdr_fwd_bwd.py [--shape B,T] [--dims K,V] [--fwd-only]`` (``
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import median_ms  # benchmarks/gpucheck/_timing.py (the script's folder is on sys.path)
 
 from ejkernel_triton.gated_delta_rule import chunk
 from ejkernel_triton.gla.chunk import ChunkBwdParams
@@ -32,13 +31,7 @@ if "--dims" in sys.argv:
 
 
 def ms(f, *args):
-    jax.block_until_ready(f(*args))
-    ts = []
-    for _ in range(15):
-        t0 = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+    return median_ms(f, *args, n=15, warmup=1)
 
 
 def main():

@@ -18,13 +18,12 @@ Run (on the GPU machine, repo root; .whl carried):
 
 from __future__ import annotations
 
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import median_ms  # benchmarks/gpucheck/_timing.py (the script's folder is on sys.path)
 
 from ejkernel.kernels import kernel_registry
 from ejkernel.modules import gla
@@ -98,17 +97,6 @@ def check(name, dtype, cu=None):
     return ok_all
 
 
-def bench(fn, *args, n=20, warmup=3):
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
 def timed_calls(platform):
     def fwd(q, k, v, g):
         return gla(q, k, v, g, platform=platform, backend="gpu")[0]
@@ -144,8 +132,8 @@ def plan_times(q, k, v, g, r):
         def loss(q, k, v, g, r, fwd=fwd):
             return jnp.sum(fwd(q, k, v, g).astype(jnp.float32) * r)
 
-        t_f = bench(jax.jit(fwd), q, k, v, g)
-        t_fb = bench(jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))), q, k, v, g, r)
+        t_f = median_ms(jax.jit(fwd), q, k, v, g)
+        t_fb = median_ms(jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3))), q, k, v, g, r)
         print(f"  {name:22s} fwd {t_f:8.3f}   fwd+bwd {t_fb:8.3f}")
 
 
@@ -191,7 +179,7 @@ def kernel_times(args):
                 full[i] = x
             return real(kernel, *full, **kw)
 
-        ms = bench(jax.jit(one), *(a[i] for i in at))
+        ms = median_ms(jax.jit(one), *(a[i] for i in at))
         total += ms
         print(f"  {kw.get('name', kernel.__name__):36s} grid {str(kw['grid']):18s} {ms:8.3f} ms")
     print(f"  {'sum':36s} {'':23s} {total:8.3f} ms")
@@ -218,8 +206,8 @@ def main():
             continue
         fwd, fb = timed_calls(platform)
         try:
-            t_f = bench(fwd, q, k, v, g)
-            t_fb = bench(fb, q, k, v, g, r)
+            t_f = median_ms(fwd, q, k, v, g)
+            t_fb = median_ms(fb, q, k, v, g, r)
             print(f"  {platform:13s} fwd {t_f:8.3f}   fwd+bwd {t_fb:8.3f}")
         except Exception as e:  # noqa: BLE001
             print(f"  {platform:13s} failed: {type(e).__name__}: {str(e)[:300]}")

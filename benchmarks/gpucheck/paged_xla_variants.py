@@ -20,13 +20,12 @@ benchmarks/gpucheck/paged_xla_variants.py``. ``--small``: tiny shapes on a CPU (
 from __future__ import annotations
 
 import dataclasses
-import statistics
 import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import median_ms  # benchmarks/gpucheck/_timing.py (the script's folder is on sys.path)
 
 from ejkernel_xla import _paged
 from ejkernel_xla.page_attention.interface import page_attention
@@ -108,16 +107,8 @@ def gathered(q, kc, vc, lens, tables):
     return jax.nn.dot_product_attention(q[:, None], k, v, key_value_seq_lengths=lens, implementation="xla")[:, 0]
 
 
-def ms(f, *args, reps=5):
-    jax.block_until_ready(f(*args))
-    ts = []
-    for _ in range(15):
-        t0 = time.perf_counter()
-        for _ in range(reps):
-            out = f(*args)
-        jax.block_until_ready(out)
-        ts.append((time.perf_counter() - t0) / reps)
-    return statistics.median(ts) * 1e3
+def ms(f, *args):
+    return median_ms(f, *args, n=15, warmup=1, reps=5)
 
 
 def main():

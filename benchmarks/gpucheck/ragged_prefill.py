@@ -18,13 +18,13 @@ Shapes: H32 K8 D128 bf16, page 16. Run (on the GPU machine, repo root):
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import median_ms  # benchmarks/gpucheck/_timing.py (the script's folder is on sys.path)
 
 import ejkernel  # noqa: F401
 from ejkernel.modules import RaggedPageAttentionConfig, flash_attention, ragged_page_attention
@@ -109,17 +109,6 @@ def check(name, seqs, *, tol=2e-2, **kw):
     return ok
 
 
-def bench(fn, *args, n=20, warmup=3):
-    for _ in range(warmup):
-        jax.block_until_ready(fn(*args))
-    times = []
-    for _ in range(n):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
-
-
 def prefill_flops(seqs):
     keys = sum(sum(kv - ql + r + 1 for r in range(ql)) for ql, kv in seqs if ql > 1)
     return 4.0 * H * D * keys
@@ -149,7 +138,7 @@ def main():
     for name, seqs in (("mixed", MIXED), ("prefill", PREFILL), ("decode", DECODE)):
         args = build(seqs, pad_rows=0)
         for platform in (TRITON, "xla"):
-            ms = bench(rpa(platform), *args)
+            ms = median_ms(rpa(platform), *args)
             results[name, platform] = ms
             line = f"{name:8s} {platform:6s} {ms:8.3f} ms"
             if name == "prefill":
@@ -169,7 +158,7 @@ def main():
     fk = jax.random.normal(kk, (len(PREFILL), CTX, K, D), jnp.bfloat16)
     fv = jax.random.normal(kv_, (len(PREFILL), CTX, K, D), jnp.bfloat16)
     flash = jax.jit(lambda q, k, v: flash_attention(q, k, v, causal=True, platform=TRITON))
-    ms = bench(flash, fq, fk, fv)
+    ms = median_ms(flash, fq, fk, fv)
     base = prefill_flops(PREFILL) / ms / 1e9
     print(f"flash_attention {TRITON} B{len(PREFILL)} T{PREFILL[0][0]} S{CTX} causal: {ms:.3f} ms, {base:.1f} TFLOP/s; prefill-only ratio "
           f"{prefill_flops(PREFILL) / results['prefill', TRITON] / 1e9 / base:.2f}x (goal >= 0.6)")  # fmt: skip
@@ -186,7 +175,7 @@ def main():
                 prefill_num_stages=plan.num_stages,
             )
             try:
-                ms = bench(rpa(TRITON, params), *args, n=10, warmup=2)
+                ms = median_ms(rpa(TRITON, params), *args, n=10, warmup=2)
                 print(f"sweep {plan}: {ms:.3f} ms, {prefill_flops(PREFILL) / ms / 1e9:.1f} TFLOP/s", flush=True)
             except Exception as e:  # a launch that fails to compile: say so, go on
                 print(f"sweep {plan}: {type(e).__name__}: {str(e)[:200]}", flush=True)
