@@ -3,7 +3,7 @@ linear-attention issue's shape), for a kernel-by-kernel profile under Nsight Com
 
     bash .ci/gpu setup >/dev/null && PYTHONPATH=/tmp/ejk-site ncu --clock-control none \
         --metrics gpu__time_duration.sum,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active \
-        -k regex:'chunk_|delta_|value_' --csv python3 benchmarks/gpucheck/linear_profile.py [gla|gdr|value]
+        -k regex:'chunk_|delta_|value_' --csv python3 benchmarks/gpucheck/linear_profile.py [gla|gdr|value] [--shape B,T]
 
 Each function runs twice (the first compiles); take the second launch of each kernel. ``--small``: tiny shapes (a
 dry run on a CPU with EJKERNEL_TRITON_INTERPRET=1).
@@ -21,6 +21,8 @@ from ejkernel.modules import gated_delta_rule, gla, recurrent
 
 SMALL = "--small" in sys.argv
 B, T, H, K, V = (1, 64, 2, 32, 32) if SMALL else (4, 4096, 16, 128, 128)
+if "--shape" in sys.argv:  # B,T
+    B, T = (int(x) for x in sys.argv.pop(sys.argv.index("--shape") + 1).split(","))
 
 
 def main() -> None:
