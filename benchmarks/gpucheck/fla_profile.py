@@ -17,12 +17,15 @@ import sys
 import torch
 
 B, T, H, K, V = 4, 4096, 16, 128, 128
-if "--shape" in sys.argv:
-    B, T = (int(x) for x in sys.argv[sys.argv.index("--shape") + 1].split(","))
+if "--shape" in sys.argv:  # B,T
+    B, T = (int(x) for x in sys.argv.pop(sys.argv.index("--shape") + 1).split(","))
+OPS = [a for a in sys.argv[1:] if not a.startswith("--")] or ["gla"]
+if len(OPS) != 1 or OPS[0] not in ("gla", "gdr"):
+    sys.exit(f"fla_profile.py: expected one op, gla or gdr, got {OPS}")
 
 
 def main() -> None:
-    op = "gdr" if "gdr" in sys.argv[1:] else "gla"
+    op = OPS[0]
     torch.manual_seed(0)
     bf = torch.bfloat16
     q, k = (torch.randn(B, T, H, K, device="cuda", dtype=bf) for _ in range(2))
