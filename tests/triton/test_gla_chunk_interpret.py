@@ -96,8 +96,8 @@ def test_state_tiles_split_over_programs(dk, dv, params, bwd_chunk, monkeypatch)
 
 @pytest.mark.parametrize("gate_scale", [0.25, 30.0], ids=["gates", "strong_gates"])
 def test_packed_sequences_by_blocks(gate_scale):
-    """Packed like the GPU checks, chunks of 64 cut in blocks of 16 rows (``chunk_intra_attn``, ``chunk_dqk_intra``):
-    a one-token sequence, sequences starting off any block boundary, an empty one, last chunks of 10 and 23 rows
+    """Packed like the GPU checks, chunks of 64 cut in blocks of 16 rows (``chunk_intra_diag``,
+    ``chunk_intra_offdiag``, ``chunk_dqk_intra``): a one-token sequence, sequences starting off any block boundary, an empty one, last chunks of 10 and 23 rows
     (partial blocks, blocks with no valid row), a whole chunk, tokens after the last; strong gates too (a block's
     reference row must be a valid row, else ``exp(-b)`` overflows into the scores and the gradients)."""
     cu = (0, 1, 75, 75, 226, 290)
@@ -178,7 +178,10 @@ def test_backward_takes_the_forwards_scores(monkeypatch):
     )
     args, _ = _inputs(1, 8, 1, 1, 16, 16)
     jax.grad(lambda q: chunk.gla(q, *args[1:])[0].sum())(args[0])
-    assert names.count("chunk_intra_attn") == 1 and names.count("chunk_state_bwd") == 1, names
+    assert (
+        names.count("chunk_intra_diag") == names.count("chunk_intra_offdiag") == 1
+        and names.count("chunk_state_bwd") == 1
+    ), names
     assert names.count("chunk_gate_cumsum") == 1, names
 
 

@@ -14,8 +14,9 @@ too when it cuts other chunks than the forward) and runs the rest):
 * :func:`chunk_state_fwd`: one program per (sequence, value head, key block, value block) walks the chunks and
   stores the state at each chunk's start ``h [NT, HV, K, V]`` (in ``h``'s dtype: the forward's feeds only dots
   that round it to bfloat16 for bfloat16 inputs, so it is stored so) and the final state;
-* :func:`chunk_intra_attn`: ``A [NT, HV, BT, BT]`` (scale included; zeros above the diagonal; in ``A``'s dtype,
-  bfloat16 for bfloat16 inputs: every dot that reads it rounds it so), one program per ``[BC, BC]`` block;
+* :func:`chunk_intra_diag`, :func:`chunk_intra_offdiag`: ``A [NT, HV, BT, BT]`` (scale included; zeros above the
+  diagonal; in ``A``'s dtype, bfloat16 for bfloat16 inputs: every dot that reads it rounds it so), one program per
+  ``[BC, BC]`` block: the diagonal blocks (and the zeros right of them) first, then those below into the same array;
 * :func:`chunk_output`: ``o = scale (q * exp(b)) @ h + A @ v``;
 * :func:`chunk_state_bwd`: the reverse recurrence of the state's gradient; stores ``dhe``, the gradient of the
   state at each chunk's *end* (what the chunk's keys and values fed), and the initial state's gradient;
@@ -28,9 +29,10 @@ too when it cuts other chunks than the forward) and runs the rest):
 Numerical stability (log gates may be -100 per token): no exponent is ever positive. The intra-chunk pairs
 ``i > j`` are taken by blocks of ``BC = 16`` rows: a pair of two blocks splits ``exp(b_i - b_j) = exp(b_i - b_r)
 exp(b_r - b_j)`` at the first row ``r`` of the later block, both factors at most 1, so a pair of blocks is one
-product; the pairs inside a block are taken level by level (:func:`level`: at level ``S`` the rows form groups
+product; the pairs inside a block are taken, in the forward, one pair and channel at a time (one exponent each,
+:func:`chunk_intra_diag`), in the backward level by level (:func:`level`: at level ``S`` the rows form groups
 of ``2 S``, split at each group's ``S``-th row the same way), one product per level, ``log2(BC)`` of them, each
-result kept on its groups. The pairs ``i == j`` need no exponent. Padded rows and channels read as 0 and are kept
+result kept on its groups (the pairs ``i == j`` need no exponent). Padded rows and channels read as 0 and are kept
 out of every exponent that could be positive (a reference row is always a valid row).
 
 Layouts (C-contiguous; ``R = B T`` rows of tokens, ``N`` sequences, ``NT`` chunks over all sequences):
@@ -260,7 +262,7 @@ def chunk_state_fwd(
 
 
 @triton.jit
-def chunk_intra_attn(
+def chunk_intra_diag(
     Q,
     K_,
     GC,
@@ -274,22 +276,74 @@ def chunk_intra_attn(
     DK: tl.constexpr,
     GK: tl.constexpr,
     BT: tl.constexpr,
+    BKD: tl.constexpr,
+    BC: tl.constexpr,
+):
+    """Diagonal block ``i_c`` (``[BC, BC]``) of the chunk's scores ``A`` (scale included) and the zero blocks right
+    of it; :func:`chunk_intra_offdiag` then fills the blocks left of it. One column ``j`` at a time, element-wise
+    over all ``BKD`` (``DK`` padded) key channels: ``A_ij = sum_c q_ic k_jc exp(b_ic - b_jc)`` for the valid rows
+    ``i >= j`` (the others are kept out before the exponent), one exponent per pair and channel, no product: what
+    a dot would save is lost to its levels (:func:`level`), and few registers leave many programs per SM. Grid
+    ``(NT, HV, BT / BC)``."""
+    NC: tl.constexpr = BT // BC
+    i_t, i_hv, i_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    i_h = i_hv // (HV // H)
+    _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
+    o_c = tl.arange(0, BC)
+    ref = i_c * BC
+    r_i = ref + o_c  # the block's rows (and columns) in the chunk
+    m_i = r_i < n_rows
+    p_a = A + ((i_t.to(tl.int64) * HV + i_hv) * BT + r_i) * BT  # [BC], the block's rows of A
+    for i_j in range(i_c + 1, NC):
+        tl.store(p_a[:, None] + i_j * BC + o_c[None, :], tl.zeros([BC, BC], dtype=A.dtype.element_ty))
+    o_k = tl.arange(0, BKD)
+    m_k = o_k < DK
+    m_ik = m_i[:, None] & m_k[None, :]
+    b_q = tile(Q, bos + r_i[:, None], o_k[None, :], m_ik, i_h, H, DK)  # [BC, BKD]
+    b_g = gate(GC, bos + r_i[:, None], o_k[None, :], m_ik, i_hv, HV, GK)
+    for j in range(BC):
+        m_jk = m_k & (o_k * 0 + ref + j < n_rows)
+        b_kj = tile(K_, bos + ref + j, o_k, m_jk, i_h, H, DK)  # [BKD], row j
+        b_gj = gate(GC, bos + ref + j, o_k, m_jk, i_hv, HV, GK)
+        m_e = m_i & (o_c >= j)  # valid rows i >= j (then row j is valid too)
+        b_e = tl.exp(tl.where(m_e[:, None], b_g - b_gj[None, :], float("-inf")))
+        b_s = tl.sum(b_q * b_kj[None, :] * b_e, axis=1)
+        tl.store(p_a + ref + j, (b_s * scale).to(A.dtype.element_ty))
+
+
+@triton.jit
+def chunk_intra_offdiag(
+    Q,
+    K_,
+    GC,
+    Cu,
+    ChunkSeq,
+    ChunkOff,
+    scale,
+    A_in,
+    A,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    GK: tl.constexpr,
+    BT: tl.constexpr,
     BK: tl.constexpr,
     BC: tl.constexpr,
-    LEVELS: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
 ):
-    """Block ``(i_i, i_j)`` (``[BC, BC]``) of the chunk's scores ``A`` (scale included, zeros above the diagonal).
-    Below the diagonal one product, the gates referred to the first row ``r`` of block ``i_i``: ``(q_i exp(b_i -
-    b_r)) . (k_j exp(b_r - b_j))``, both exponents <= 0 (``j < r <= i``); a block past the chunk's valid rows is
-    zeros (its ``r`` is no row). On the diagonal the pairs ``i > j`` in ``LEVELS = log2(BC)`` levels
-    (:func:`level`), ``q_i . k_i`` element-wise. Small tiles: several programs of few warps per SM, where one
-    ``[BT, BT]`` program per chunk takes all of an SM's registers. Grid ``(NT, HV, (BT / BC)^2)``."""
+    """Block ``(i_i, i_j)``, ``i_i > i_j``, of the chunk's scores ``A`` (scale included), stored into
+    :func:`chunk_intra_diag`'s ``A`` (``A_in``, aliased; its other blocks kept). One product, the gates referred to
+    the first row ``r`` of block ``i_i``: ``(q_i exp(b_i - b_r)) . (k_j exp(b_r - b_j))``, both exponents <= 0
+    (``j < r <= i``); a block past the chunk's valid rows is zeros (its ``r`` is no row). Grid ``(NT, HV,
+    NC (NC - 1) / 2)``, ``NC = BT / BC``: the pairs row by row, ``(1, 0), (2, 0), (2, 1), ...``."""
+    NC: tl.constexpr = BT // BC
     i_t, i_hv, i_p = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    i_i = i_p // (BT // BC)
-    i_j = i_p % (BT // BC)
+    i_i = 1  # row i_i starts at pair i_i (i_i - 1) / 2
+    for r in tl.static_range(2, NC):
+        i_i += (i_p >= r * (r - 1) // 2).to(tl.int32)
+    i_j = i_p - i_i * (i_i - 1) // 2
     i_h = i_hv // (HV // H)
     _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
     o_c = tl.arange(0, BC)
@@ -300,7 +354,7 @@ def chunk_intra_attn(
     ref = i_i * BC
 
     b_a = tl.zeros([BC, BC], dtype=tl.float32)
-    if (i_i > i_j) & (ref < n_rows):
+    if ref < n_rows:
         for i_k in range(tl.cdiv(DK, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < DK
@@ -314,31 +368,6 @@ def chunk_intra_attn(
             b_qs = b_q * tl.exp(tl.where(m_ik, b_g - b_r[None, :], float("-inf")))
             b_ks = b_kT * tl.exp(tl.where(m_kj, b_r[:, None] - b_gT, float("-inf")))
             b_a = mm(b_qs, b_ks, b_a, 1, 1, DOT, EMU, PREC)
-    elif i_i == i_j:
-        n_local = n_rows - ref  # valid rows of the block (may be <= 0)
-        b_d = tl.zeros([BC], dtype=tl.float32)
-        for i_k in range(tl.cdiv(DK, BK)):
-            o_k = i_k * BK + tl.arange(0, BK)
-            m_k = o_k < DK
-            m_ik = m_i[:, None] & m_k[None, :]
-            m_ki = m_k[:, None] & m_i[None, :]
-            b_q = tile(Q, bos + r_i[:, None], o_k[None, :], m_ik, i_h, H, DK)  # [BC, BK]
-            b_g = gate(GC, bos + r_i[:, None], o_k[None, :], m_ik, i_hv, HV, GK)
-            b_kT = tile(K_, bos + r_i[None, :], o_k[:, None], m_ki, i_h, H, DK)  # [BK, BC]
-            b_gT = gate(GC, bos + r_i[None, :], o_k[:, None], m_ki, i_hv, HV, GK)
-            b_d += tl.sum(b_q * tile(K_, bos + r_i[:, None], o_k[None, :], m_ik, i_h, H, DK), axis=1)
-            for lv in range(LEVELS):
-                S = BC >> (lv + 1)
-                ref_l, up, lo = level(o_c, n_local, S)
-                m_uk = up[:, None] & m_k[None, :]
-                m_kl = m_k[:, None] & lo[None, :]
-                b_r = gate(GC, bos + ref + ref_l[:, None], o_k[None, :], m_uk, i_hv, HV, GK)  # [BC, BK]
-                b_rT = gate(GC, bos + ref + ref_l[None, :], o_k[:, None], m_kl, i_hv, HV, GK)  # [BK, BC]
-                b_qs = b_q * tl.exp(tl.where(m_uk, b_g - b_r, float("-inf")))  # rows past the reference
-                b_ks = b_kT * tl.exp(tl.where(m_kl, b_rT - b_gT, float("-inf")))  # columns before it
-                b_p = mm(b_qs, b_ks, tl.zeros([BC, BC], dtype=tl.float32), 1, 1, DOT, EMU, PREC)
-                b_a += tl.where((o_c[:, None] // (2 * S)) == (o_c[None, :] // (2 * S)), b_p, 0.0)
-        b_a += tl.where(o_c[:, None] == o_c[None, :], b_d[:, None], 0.0)
     p_a = A + ((i_t.to(tl.int64) * HV + i_hv) * BT + r_i[:, None]) * BT + r_j[None, :]
     tl.store(p_a, (b_a * scale).to(A.dtype.element_ty))
 

@@ -213,7 +213,7 @@ def _backward_rows(
         HAS_DHT=dht is not None,
         **{**common, "DK": dv, "DV": dk},
     )
-    blocks = {"BK": plan.block_k, "BV": plan.block_v, "BC": _BLOCK_ROWS}
+    blocks: dict[str, Any] = {"BK": plan.block_k, "BV": plan.block_v, "BC": _BLOCK_ROWS}
     pairs = jax.ShapeDtypeStruct((tab.nt, h, plan.chunk, plan.chunk), f32)
     a_, d_ = launch.launch(
         kern.value_pairs,

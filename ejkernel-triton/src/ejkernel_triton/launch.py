@@ -220,6 +220,7 @@ def launch(
     num_warps: int = 4,
     num_stages: int = 2,
     zeroed_outputs: Sequence[int] = (),
+    aliases: dict[int, int] | None = None,
     name: str = "",
     **constexprs: Any,
 ) -> tuple[jax.Array, ...]:
@@ -227,7 +228,10 @@ def launch(
 
     ``args`` are arrays (inputs, passed as pointers) and Python scalars (runtime scalar arguments);
     outputs listed in ``zeroed_outputs`` are zero-filled before the launch, the others start
-    uninitialized (NaN-filled in the interpreter, to catch missed stores).
+    uninitialized (NaN-filled in the interpreter, to catch missed stores). ``aliases`` maps the
+    position in ``args`` of an array to an output that starts as that array and shares its buffer
+    (the kernel gets both pointers; it writes some parts of the output and keeps the rest), so that
+    launches of different kernels can fill one array.
 
     Python floats are passed as **float32** scalars (jax-triton would type a Python float as fp64,
     which silently turns float32 arithmetic with it into float64); ints as i32 (u32/i64 when they
@@ -236,25 +240,46 @@ def launch(
     args = tuple(np.float32(a) if isinstance(a, float) else a for a in args)
     out_shape = tuple(jax.ShapeDtypeStruct(s.shape, s.dtype) for s in out_shape)
     grid = tuple(int(g) for g in grid)
+    aliases = dict(aliases or {})
+    for i, o in aliases.items():
+        if _is_scalar(args[i]) or (args[i].shape, args[i].dtype) != (out_shape[o].shape, out_shape[o].dtype):
+            raise ValueError(f"launch: aliases[{i}] = {o}: argument {i} is not an array like output {o}")
     if any(g == 0 for g in grid):  # an empty launch: nothing to compute
         return tuple(
-            jax.numpy.zeros(s.shape, s.dtype) if i in zeroed_outputs else jax.numpy.empty(s.shape, s.dtype)
-            for i, s in enumerate(out_shape)
+            args[next(i for i, o in aliases.items() if o == j)]
+            if j in aliases.values()
+            else jax.numpy.zeros(s.shape, s.dtype)
+            if j in zeroed_outputs
+            else jax.numpy.empty(s.shape, s.dtype)
+            for j, s in enumerate(out_shape)
         )
     array_at = [i for i, a in enumerate(args) if not _is_scalar(a)]
+    # jax-triton numbers aliased inputs among the array arguments
+    array_aliases = {array_at.index(i): o for i, o in aliases.items()}
 
     def call(*arrays: Any) -> tuple[jax.Array, ...]:
         full = list(args)
         for i, a in zip(array_at, arrays, strict=True):
             full[i] = a
         if _is_interpreted(kernel):
-            return _launch_interpreted(kernel, tuple(full), out_shape, grid, tuple(zeroed_outputs), constexprs)
+            return _launch_interpreted(
+                kernel, tuple(full), out_shape, grid, tuple(zeroed_outputs), array_aliases, constexprs
+            )
         if os.environ.get(COMPILE_ONLY_ENV):
             return _compile_only(
                 kernel, tuple(full), out_shape, num_warps, num_stages, constexprs, int(os.environ[COMPILE_ONLY_ENV])
             )
         return _launch_compiled(
-            kernel, tuple(full), out_shape, grid, num_warps, num_stages, tuple(zeroed_outputs), name, constexprs
+            kernel,
+            tuple(full),
+            out_shape,
+            grid,
+            num_warps,
+            num_stages,
+            tuple(zeroed_outputs),
+            array_aliases,
+            name,
+            constexprs,
         )
 
     # jax-triton's primitive refuses vmap, and the grid and scalars here were sized for one element:
@@ -272,6 +297,7 @@ def _launch_compiled(
     num_warps: int,
     num_stages: int,
     zeroed_outputs: tuple[int, ...],
+    aliases: dict[int, int],
     name: str,
     constexprs: dict[str, Any],
 ) -> tuple[jax.Array, ...]:
@@ -291,6 +317,7 @@ def _launch_compiled(
         num_warps=num_warps,
         num_stages=num_stages,
         zeroed_outputs=zeroed_outputs,
+        input_output_aliases=aliases,
         name=name or getattr(kernel, "__name__", ""),
         **constexprs,
     )
@@ -391,6 +418,7 @@ def _launch_interpreted(
     out_shape: tuple[jax.ShapeDtypeStruct, ...],
     grid: tuple[int, ...],
     zeroed_outputs: tuple[int, ...],
+    aliases: dict[int, int],
     constexprs: dict[str, Any],
 ) -> tuple[jax.Array, ...]:
     if INTERPRET_PROBLEM is not None:
@@ -401,6 +429,7 @@ def _launch_interpreted(
     arrays = [a for i, a in enumerate(args) if i not in scalar_at]
 
     def host(*host_arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        start = {o: np.array(host_arrays[i]) for i, o in aliases.items()}
         it = iter(host_arrays)
         call_args = [
             (scalar_at[i].item() if isinstance(scalar_at[i], np.generic) else scalar_at[i])
@@ -409,7 +438,11 @@ def _launch_interpreted(
             for i in range(len(args))
         ]
         outs = [
-            np.zeros(s.shape, s.dtype) if i in zeroed_outputs else _uninitialized(s.shape, s.dtype)
+            start[i]
+            if i in start
+            else np.zeros(s.shape, s.dtype)
+            if i in zeroed_outputs
+            else _uninitialized(s.shape, s.dtype)
             for i, s in enumerate(out_shape)
         ]
         with _INTERPRETER_LOCK:

@@ -209,17 +209,20 @@ def make_plan(d: Dims, p: _ChunkParams, stage: str = "fwd") -> Plan:
     )
 
 
-# chunk_intra_attn and chunk_dqk_intra take a chunk by blocks of this many rows (a dot's smallest side), the pairs
-# inside a block in log2 of it levels (_chunk_kernels.level).
+# chunk_intra_offdiag and chunk_dqk_intra take a chunk by blocks of this many rows (a dot's smallest side), the
+# backward the pairs inside a block in log2 of it levels (_chunk_kernels.level); chunk_intra_diag the forward's.
 _BLOCK_ROWS = 16
 _BLOCK_LEVELS = _BLOCK_ROWS.bit_length() - 1
+# chunk_intra_diag's warps (its programs hold a block's rows of q and the gates, all key channels, in float32).
+_DIAG_WARPS = 4
 
 
 def _block_launch(plan: Plan, dot: str, kernel: str) -> dict[str, Any]:
-    """Warps and block constexprs of ``chunk_intra_attn`` / ``chunk_dqk_intra`` (``kernel``: ``"attn"`` or
+    """Warps and block constexprs of ``chunk_intra_offdiag`` / ``chunk_dqk_intra`` (``kernel``: ``"attn"`` or
     ``"dqk"``) for dots in ``dot``: small tiles, so few warps (several programs per SM), not the plan's. Timed on
     the H200 (B4 T4096 H16 K=V=128, chunks of 64, each launch alone, 2 / 4 / 8 warps, ms;
-    ``benchmarks/results/2026-12-04-h200-gla-intra-blocks.log``): ``chunk_intra_attn`` bf16 0.689 / 0.838 / 1.872,
+    ``benchmarks/results/2026-12-04-h200-gla-intra-blocks.log``): the intra-chunk scores (then one kernel for all
+    blocks) bf16 0.689 / 0.838 / 1.872,
     f32 0.805 / 1.312 / 2.401; ``chunk_dqk_intra`` bf16 0.800 / 0.742 / 1.159, f32 (key tiles of 32) 0.918 / 0.974
     / 1.902 (the level kernels they replace, one 8-warp program per chunk: 1.070, 1.207, 1.679, 3.298). float16
     inputs take float32 dots (``_DOT``), so float32's warps."""
@@ -453,25 +456,33 @@ def _prologue(
         return gc, hs, ht, a
     dots = _dots(q.dtype)
     blocks = _block_launch(plan, dots["DOT"], "attn")
+    nc = plan.chunk // blocks["BC"]
+    sizes = {"H": h, "HV": hv, "DK": dk, "GK": dk, "BT": plan.chunk, "BC": blocks["BC"]}
+    args = (q, k, gc, tab.cu, tab.seq, tab.off, float(s.scale))
+    out = jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), _operand_dtype(q.dtype))
     (a,) = launch.launch(
-        kern.chunk_intra_attn,
-        q,
-        k,
-        gc,
-        tab.cu,
-        tab.seq,
-        tab.off,
-        float(s.scale),
-        out_shape=(jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), _operand_dtype(q.dtype)),),
-        grid=(tab.nt, hv, (plan.chunk // blocks["BC"]) ** 2),
-        name="ejkernel_gla_chunk_intra_attn",
-        H=h,
-        HV=hv,
-        DK=dk,
-        GK=dk,
-        BT=plan.chunk,
+        kern.chunk_intra_diag,
+        *args,
+        out_shape=(out,),
+        grid=(tab.nt, hv, nc),
+        num_warps=_DIAG_WARPS,
+        num_stages=1,
+        name="ejkernel_gla_chunk_intra_diag",
+        BKD=_pow2(dk),
+        **sizes,
+    )
+    (a,) = launch.launch(  # the blocks below the diagonal, into the same array
+        kern.chunk_intra_offdiag,
+        *args,
+        a,
+        out_shape=(out,),
+        grid=(tab.nt, hv, nc * (nc - 1) // 2),
+        num_warps=blocks["num_warps"],
+        num_stages=blocks["num_stages"],
+        aliases={len(args): 0},
+        name="ejkernel_gla_chunk_intra_offdiag",
         BK=plan.block_k,
-        **blocks,
+        **sizes,
         **dots,
     )
     return gc, hs, ht, a
