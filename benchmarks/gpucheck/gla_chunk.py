@@ -115,7 +115,7 @@ def plan_times(q, k, v, g, r):
     fwd_bwd = {
         "default": ({}, {}),
         "fwd block_v=128": ({"block_v": 128}, {}),
-        # key tiles of 32 in the forward: chunk_intra_attn (2 warps) takes 225 registers a thread at 64 (bf16)
+        # key tiles of 32 in the forward (chunk_intra_offdiag's; chunk_intra_diag takes all key channels at once)
         "fwd block_k=32": ({"block_k": 32}, {}),
         "fwd bk=32 bwd bk=32": ({"block_k": 32}, {"block_k": 32}),
         "bwd block_v=32": ({}, {"block_v": 32}),

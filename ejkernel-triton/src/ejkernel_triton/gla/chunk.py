@@ -89,8 +89,8 @@ class ChunkFwdParams(_ChunkParams):
     ``chunk_size``: tokens per chunk, 16, 32 or 64; ``block_k``/``block_v``: key/value channels per program of the
     chunk-parallel kernels (the sequential state passes take the heuristic's tiles, sized by the number of sequences
     and value heads), powers of two from 16 to 256, used up to the head dims rounded up to powers of two;
-    ``num_warps`` (a power of two up to 16; not of ``chunk_intra_attn`` and ``chunk_dqk_intra``, whose small
-    tiles take fewer), ``num_stages`` (1 to 8). None: the heuristic's. Generic
+    ``num_warps`` (a power of two up to 16; not of ``chunk_intra_diag``, ``chunk_intra_offdiag`` and
+    ``chunk_dqk_intra``, whose small tiles take fewer), ``num_stages`` (1 to 8). None: the heuristic's. Generic
     ``q_blocksize``/``num_warps``/``num_stages`` map to ``chunk_size``/``num_warps``/``num_stages``.
 
     >>> ChunkFwdParams(chunk_size=48)
@@ -181,9 +181,9 @@ def default_plan(d: Dims, stage: str = "fwd") -> Plan:
     :func:`_state_tile` (128 x 64 at K = V = 128 with 64 or more sequences x value heads), 8 warps (but
     :func:`_block_launch`'s), 2 stages. ptxas for sm_90 at K = V = 128 (``benchmarks/ptxas_report.py``): no kernel
     of either pass spills registers for bfloat16 inputs (``chunk_dqk_inter`` takes the most, 255 registers a
-    thread; ``chunk_intra_attn`` 225 at 2 warps, ``chunk_dqk_intra`` 128 at 4); for float32 inputs
-    ``chunk_dqk_inter`` spills 448 bytes (none at the backward's value tiles of 32, its default before) and
-    ``chunk_intra_attn`` 28 (255 registers at 2 warps, still its fastest as timed). Tiles of 64 were the faster on the
+    thread; ``chunk_intra_diag`` 72 at 4 warps (122 at K = 256), ``chunk_intra_offdiag`` 144 at 2,
+    ``chunk_dqk_intra`` 128 at 4); for float32 inputs ``chunk_dqk_inter`` spills 448 bytes (none at the backward's
+    value tiles of 32, its default before). Tiles of 64 were the faster on the
     H200 (B4 T4096 H16 K=V=128 bf16, ``benchmarks/results/2026-12-04-h200-gla-chunk-2.log``: forward + backward
     5.68 ms against 6.09)."""
     bk = min(_DEFAULT_BLOCK, _pow2(d.dk))
