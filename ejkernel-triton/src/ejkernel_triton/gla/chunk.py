@@ -181,7 +181,7 @@ def default_plan(d: Dims, stage: str = "fwd") -> Plan:
     :func:`_state_tile` (128 x 64 at K = V = 128 with 64 or more sequences x value heads), 8 warps (but
     :func:`_block_launch`'s), 2 stages. ptxas for sm_90 at K = V = 128 (``benchmarks/ptxas_report.py``): no kernel
     of either pass spills registers for bfloat16 inputs (``chunk_dqk_inter`` takes the most, 255 registers a
-    thread; ``chunk_intra_diag`` 72 at 4 warps (122 at K = 256), ``chunk_intra_offdiag`` 144 at 2,
+    thread; ``chunk_intra_diag`` 96 at 4 warps (212 at K = 256), ``chunk_intra_offdiag`` 179 at 1,
     ``chunk_dqk_intra`` 128 at 4); for float32 inputs ``chunk_dqk_inter`` spills 448 bytes (none at the backward's
     value tiles of 32, its default before). Tiles of 64 were the faster on the
     H200 (B4 T4096 H16 K=V=128 bf16, ``benchmarks/results/2026-12-04-h200-gla-chunk-2.log``: forward + backward
@@ -213,7 +213,9 @@ def make_plan(d: Dims, p: _ChunkParams, stage: str = "fwd") -> Plan:
 # backward the pairs inside a block in log2 of it levels (_chunk_kernels.level); chunk_intra_diag the forward's.
 _BLOCK_ROWS = 16
 _BLOCK_LEVELS = _BLOCK_ROWS.bit_length() - 1
-# chunk_intra_diag's warps (its programs hold a block's rows of q and the gates, all key channels, in float32).
+# chunk_intra_diag's warps (its programs hold a block's rows of q and the gates, all key channels, in float32,
+# twice: in order and reversed). H200, B4 T4096 H16 K=V=128 bf16, Nsight Compute, 1 / 2 / 4 / 8 warps: 362 / 285 /
+# 267 / 392 us (benchmarks/results/2026-12-05-h200-gla-intra-split.log).
 _DIAG_WARPS = 4
 
 
@@ -225,8 +227,12 @@ def _block_launch(plan: Plan, dot: str, kernel: str) -> dict[str, Any]:
     blocks) bf16 0.689 / 0.838 / 1.872,
     f32 0.805 / 1.312 / 2.401; ``chunk_dqk_intra`` bf16 0.800 / 0.742 / 1.159, f32 (key tiles of 32) 0.918 / 0.974
     / 1.902 (the level kernels they replace, one 8-warp program per chunk: 1.070, 1.207, 1.679, 3.298). float16
-    inputs take float32 dots (``_DOT``), so float32's warps."""
-    warps = 4 if kernel == "dqk" and dot == "bf16" else 2
+    inputs take float32 dots (``_DOT``), so float32's warps. ``chunk_intra_offdiag`` alone (the blocks below the
+    diagonal; bf16, Nsight Compute, 1 / 2 / 4 warps): 169 / 197 / 238 us (``...-2026-12-05-h200-gla-intra-split.log``)."""
+    if dot == "bf16":
+        warps = 4 if kernel == "dqk" else 1
+    else:
+        warps = 2
     return {"num_warps": warps, "num_stages": plan.num_stages, "BC": _BLOCK_ROWS, "LEVELS": _BLOCK_LEVELS}
 
 
