@@ -228,7 +228,7 @@ def _block_launch(plan: Plan, dot: str, kernel: str) -> dict[str, Any]:
     f32 0.805 / 1.312 / 2.401; ``chunk_dqk_intra`` bf16 0.800 / 0.742 / 1.159, f32 (key tiles of 32) 0.918 / 0.974
     / 1.902 (the level kernels they replace, one 8-warp program per chunk: 1.070, 1.207, 1.679, 3.298). float16
     inputs take float32 dots (``_DOT``), so float32's warps. ``chunk_intra_offdiag`` alone (the blocks below the
-    diagonal; bf16, Nsight Compute, 1 / 2 / 4 warps): 169 / 197 / 238 us (``...-2026-12-05-h200-gla-intra-split.log``)."""
+    diagonal; bf16, Nsight Compute, 1 / 2 / 4 warps): 169 / 197 / 238 us (``benchmarks/results/2026-12-05-h200-gla-intra-split.log``)."""
     if dot == "bf16":
         warps = 4 if kernel == "dqk" else 1
     else:
