@@ -5,7 +5,7 @@ own times do.
 
     bash .ci/gpu setup >/dev/null && PYTHONPATH=/tmp/ejk-site ncu --clock-control none \
         --metrics gpu__time_duration.sum,launch__registers_per_thread -k regex:chunk_intra --csv \
-        python3 benchmarks/gpucheck/gla_intra_warps.py > log && python3 benchmarks/gpucheck/ncu_summary.py log
+        python3 benchmarks/gpucheck/gla_intra_warps.py > log && python3 benchmarks/gpucheck/ncu_summary.py log --per 4
 
 Each config runs twice (the first compiles): four launches per config (diag, offdiag, diag, offdiag) in the order
 of the printed ``config`` lines.

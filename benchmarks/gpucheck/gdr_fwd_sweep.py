@@ -1,0 +1,62 @@
+"""GPU check (H200): the chunked Triton ``gated_delta_rule`` forward (``use_qk_l2norm``, bf16, K=V=128; B2 T16384
+H16, ``--shape B,T`` for another) at forward plans of value blocks 32/64, warps 2/4/8 and stages 1-4 (chunks of 64),
+each config's output against XLA's chunked one, for Nsight Compute: each of the three launches (``delta_prep``,
+``delta_states``, ``delta_output``) gets its own time, so one sweep says which plan suits which launch (the plan is
+shared by the three today; at B2 T16384 our states pass took 486 us against fla's 305,
+``benchmarks/results/2026-12-05-h200-gdr-B2T16384-ncu.log``).
+
+    bash .ci/gpu setup >/dev/null && PYTHONPATH=/tmp/ejk-site ncu --clock-control none \
+        --metrics gpu__time_duration.sum,launch__registers_per_thread -k regex:delta_ --csv \
+        python3 benchmarks/gpucheck/gdr_fwd_sweep.py > log && python3 benchmarks/gpucheck/ncu_summary.py log --per 6
+
+Each config runs twice (the first compiles): six launches per config, in the order of the printed ``config``
+lines; a config that does not compile (shared memory) prints ``skipped`` and no ``config`` line. ``--small``: tiny
+shapes and two configs (a dry run on a CPU with EJKERNEL_TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import itertools
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ejkernel_triton.gated_delta_rule import chunk
+from ejkernel_triton.gla.chunk import ChunkFwdParams
+from ejkernel_xla.gated_delta_rule.interface import gated_delta_rule as xla_gdr
+
+SMALL = "--small" in sys.argv
+B, T, H, K = (1, 48, 2, 32) if SMALL else (2, 16384, 16, 128)
+if "--shape" in sys.argv:
+    B, T = (int(x) for x in sys.argv[sys.argv.index("--shape") + 1].split(","))
+CONFIGS = [(32, 4, 2), (16, 4, 1)] if SMALL else list(itertools.product((32, 64), (2, 4, 8), (1, 2, 3, 4)))
+
+
+def main() -> None:
+    rng = np.random.default_rng(0)
+    bf = jnp.bfloat16
+    q, k, v = (jnp.asarray(rng.standard_normal((B, T, H, K)), bf) for _ in range(3))
+    g = jnp.asarray(-jax.nn.softplus(-(rng.standard_normal((B, T, H)) + 3)), jnp.float32)
+    beta = jnp.asarray(jax.nn.sigmoid(rng.standard_normal((B, T, H))), jnp.float32)
+    args = (q, k, v, g, beta)
+    want = jax.jit(lambda *a: xla_gdr(*a, use_qk_l2norm=True)[0])(*args).astype(jnp.float32)
+    scale = float(jnp.max(jnp.abs(want)))
+    chunk_size = 16 if SMALL else 64
+    for bv, warps, stages in CONFIGS:
+        p = ChunkFwdParams(chunk_size=chunk_size, block_v=bv, num_warps=warps, num_stages=stages)
+        f = jax.jit(lambda *a, p=p: chunk.gated_delta_rule(*a, use_qk_l2norm=True, fwd_params=p)[0])
+        label = f"bv {bv} warps {warps} stages {stages}"
+        try:
+            for _ in range(2):
+                out = jax.block_until_ready(f(*args))
+        except Exception as e:  # noqa: BLE001 - a plan past the shared memory: say so, go on
+            print(f"skipped {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
+            continue
+        err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - want))) / scale
+        print(f"config {label}: rel err vs xla {err:.1e}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
