@@ -309,7 +309,8 @@ def chunk_intra_diag(
     tl.store(p_a[:, None] + r_i[None, :], b_u.to(A.dtype.element_ty), mask=up)
     # Below it, columns j and BC - 2 - j share one pass: column j has rows j + 1 .. BC - 1 (lanes i > j), column
     # BC - 2 - j rows BC - 1 - j .. BC - 1 (lanes i <= j, row BC - 1 - i): BC lanes for the two, so half the
-    # exponents of one column per pass over all lanes.
+    # exponents of one column per pass over all lanes. The last pass (j = BC / 2 - 1 = BC - 2 - j) computes its
+    # column twice, two lanes per row storing the same value.
     f_i = ref + BC - 1 - o_c  # the rows reversed
     m_f = f_i < n_rows
     m_fk = m_f[:, None] & m_k[None, :]
