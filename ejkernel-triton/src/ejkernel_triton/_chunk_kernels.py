@@ -284,7 +284,8 @@ def chunk_intra_diag(
     padded) key channels, ``A_ij = sum_c q_ic k_jc exp(b_ic - b_jc)`` for ``i > j`` (the others kept out before
     the exponent), two columns per pass, one exponent per pair and channel: what a dot would save is lost to its
     levels (:func:`level`). Against one column per pass (all lanes, half of them above the diagonal) 267 us
-    instead of 306 on the H200 (B4 T4096 H16 K=128 bf16, best warps of each). Grid ``(NT, HV, BT / BC)``."""
+    instead of 306 on the H200 (B4 T4096 H16 K=128 bf16, best warps of each;
+    ``benchmarks/results/2026-12-05-h200-gla-intra-split.log``). Grid ``(NT, HV, BT / BC)``."""
     NC: tl.constexpr = BT // BC
     i_t, i_hv, i_c = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
