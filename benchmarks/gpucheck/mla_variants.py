@@ -7,7 +7,8 @@ gather + dense attention.
 Shapes: DeepSeek-V3 decode, B64 x 4096, H128 (and H16), Dl 512, Dr 64, page 64, bf16. TB/s count the latent
 cache once plus Q and O (the bench's model). Run on the GPU machine after ``bash .ci/gpu setup``:
 ``PYTHONPATH=/tmp/ejk-site python3 benchmarks/gpucheck/mla_variants.py [xla] [mla] [split=R/N/DV/W/S/SP,...]
-[t=R/N/W/S/SP,...]`` (the plans to time; the defaults are ``SPLIT_K`` and ``TRANSPOSED`` below).
+[t=R/N/W/S/SP,...] [heads=128,16]`` (the plans and head counts to time; the defaults are ``SPLIT_K`` and
+``TRANSPOSED`` below, and both head counts). Under ``ncu -k regex:mla`` each plan's launches get their own times.
 """
 
 from __future__ import annotations
@@ -145,7 +146,7 @@ def paged_xla():
 
 if __name__ == "__main__":
     what = [a for a in sys.argv[1:] if "=" not in a] or ["mla", "xla"]
-    plans = {"split": SPLIT_K, "t": TRANSPOSED}
+    plans = {"split": SPLIT_K, "t": TRANSPOSED, "heads": ((128,), (16,))}
     for arg in sys.argv[1:]:
         name, _, given = arg.partition("=")
         if name in plans:
@@ -154,5 +155,5 @@ if __name__ == "__main__":
     if "xla" in what:
         paged_xla()
     if "mla" in what:
-        for h in (128, 16):
+        for (h,) in plans["heads"]:
             mla_case(h, plans["split"], plans["t"])
