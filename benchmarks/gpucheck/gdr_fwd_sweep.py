@@ -10,8 +10,8 @@ shared by the three today; at B2 T16384 our states pass took 486 us against fla'
         python3 benchmarks/gpucheck/gdr_fwd_sweep.py > log && python3 benchmarks/gpucheck/ncu_summary.py log --per 6
 
 Each config runs twice (the first compiles): six launches per config, in the order of the printed ``config``
-lines; a config that does not compile (shared memory) prints ``skipped`` and no ``config`` line. ``--bv 64``: those
-value blocks alone. ``--small``: tiny shapes and two configs (a dry run on a CPU with EJKERNEL_TRITON_INTERPRET=1).
+lines; a config that does not compile (shared memory) prints ``skipped`` and no ``config`` line. ``--bv 64``,
+``--warps 2,4``, ``--stages 2,3``: those values alone. ``--small``: tiny shapes and two configs (a dry run on a CPU with EJKERNEL_TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
@@ -31,10 +31,15 @@ SMALL = "--small" in sys.argv
 B, T, H, K = (1, 48, 2, 32) if SMALL else (2, 16384, 16, 128)
 if "--shape" in sys.argv:
     B, T = (int(x) for x in sys.argv[sys.argv.index("--shape") + 1].split(","))
-BVS = (32, 64)
-if "--bv" in sys.argv:  # value blocks to sweep, e.g. ``--bv 64``
-    BVS = tuple(int(x) for x in sys.argv[sys.argv.index("--bv") + 1].split(","))
-CONFIGS = [(32, 4, 2), (16, 4, 1)] if SMALL else list(itertools.product(BVS, (2, 4, 8), (1, 2, 3, 4)))
+
+
+def _values(flag: str, default: tuple[int, ...]) -> tuple[int, ...]:
+    """The values after ``flag`` (``--bv 32,64``), else ``default``."""
+    return tuple(int(x) for x in sys.argv[sys.argv.index(flag) + 1].split(",")) if flag in sys.argv else default
+
+
+AXES = (_values("--bv", (32, 64)), _values("--warps", (2, 4, 8)), _values("--stages", (1, 2, 3, 4)))
+CONFIGS = [(32, 4, 2), (16, 4, 1)] if SMALL else list(itertools.product(*AXES))
 
 
 def main() -> None:
