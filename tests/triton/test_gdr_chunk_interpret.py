@@ -62,6 +62,8 @@ def _rel(got, want):
         ((2, 37, 2, 4, 16, 32), ChunkFwdParams(), {}),  # chunks of 16, the last partial; grouped value heads
         ((1, 70, 1, 1, 32, 48), ChunkFwdParams(chunk_size=32, block_v=16), {"use_qk_l2norm": True}),  # 3 value blocks
         ((1, 20, 2, 2, 16, 16), ChunkFwdParams(chunk_size=64), {"gate_shift": -3.0}),  # one chunk, strong gates
+        # value blocks of 64 (the second partial) and the state pass's of 32 (few states: _plan), V = 80
+        ((1, 40, 1, 1, 16, 80), ChunkFwdParams(block_v=64), {}),
     ],
 )
 def test_outputs_and_final_state_match_reference(shape, params, kw):
@@ -225,18 +227,23 @@ def test_candidates_supports_and_registration_below_xla_on_gpus():
         plan = lambda dk, p, dtype=jnp.bfloat16, states=None: tuple(  # noqa: E731
             dataclasses.astuple(chunk._plan(dk, dk, p, dtype, states))
         )
-        # (chunk, block_v, warps, stages), timed on the H200 (2026-12-04)
-        assert plan(256, ChunkFwdParams()) == plan(256, ChunkBwdParams()) == (32, 64, 4, 2)  # bfloat16
-        assert plan(256, ChunkFwdParams(), jnp.float32) == (64, 32, 8, 2)  # float32: fewer spills, fits sm_90
-        assert plan(256, ChunkBwdParams(), jnp.float16) == (32, 16, 8, 3)  # float16: float32 operands
+        # (chunk, block_v, warps, stages, state_v), timed on the H200 (2026-12-04)
+        assert plan(256, ChunkFwdParams()) == plan(256, ChunkBwdParams()) == (32, 64, 4, 2, 64)  # bfloat16
+        assert plan(256, ChunkFwdParams(), jnp.float32) == (64, 32, 8, 2, 32)  # float32: fewer spills, fits sm_90
+        assert plan(256, ChunkBwdParams(), jnp.float16) == (32, 16, 8, 3, 16)  # float16: float32 operands
         for stage in ("fwd", "bwd"):  # each checked by ptxas_report for sm_90
             cands = chunk.candidate_cfgs(wide, stage)
             assert cands[0] == chunk.heuristic_cfg(wide, stage) and len(set(cands)) == len(cands) == 5
             assert all(p.block_v <= 32 for p in cands[1:]), cands  # value blocks of 64 overflow for float32
-        assert plan(128, ChunkFwdParams()) == (64, 64, 4, 2) and plan(128, ChunkBwdParams()) == (32, 32, 4, 3)
-        # the forward's value blocks halve when its state pass has fewer than 128 programs (B2 H16: 64 at 64)
-        assert plan(128, ChunkFwdParams(), states=32)[1] == 32 and plan(128, ChunkFwdParams(), states=64)[1] == 64
-        assert plan(128, ChunkFwdParams(block_v=64), states=32)[1] == 64  # a given block_v is kept
+        assert plan(128, ChunkFwdParams()) == (64, 64, 4, 2, 64) and plan(128, ChunkBwdParams()) == (32, 32, 4, 3, 32)
+        # the forward state pass's value blocks halve when it has fewer than 128 programs (B2 H16: 64 at 64); the
+        # other launches keep block_v, a given one too
+        assert (
+            plan(128, ChunkFwdParams(), states=32)[1::3] == (64, 32) and plan(128, ChunkFwdParams(), states=64)[4] == 64
+        )
+        assert plan(128, ChunkFwdParams(block_v=64), states=32)[1::3] == (64, 32)
+        assert plan(128, ChunkFwdParams(block_v=16), states=32)[1::3] == (16, 16)
+        assert plan(128, ChunkBwdParams(), states=32)[1::3] == (32, 32)  # the backward's state pass: its block_v
     gpu = {i.name: i.priority for i in kernel_registry.implementations("gated_delta_rule", backend="gpu")}
     if "xla" in gpu:
         assert gpu["xla"] < gpu["triton_chunk"] < gpu["triton"], gpu  # faster than XLA on the H200; decode: recurrent

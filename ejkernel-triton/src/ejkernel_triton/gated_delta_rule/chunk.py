@@ -84,6 +84,7 @@ class Plan:
     block_v: int
     num_warps: int
     num_stages: int
+    state_v: int  # the forward state pass's value block (block_v or narrower: _plan)
 
 
 def _plan(
@@ -116,10 +117,14 @@ def _plan(
     reverse state pass 230 at two stages); float32 inputs (three tf32 passes): 1352 bytes spilled in the reverse
     state pass (one stage), 452 in ``delta_bwd_grads``, 104 in ``delta_prep`` and 348 in the state pass.
 
-    The forward's value blocks are halved (64 to 32) when its state pass would have fewer than
-    ``gla.chunk._STATE_PROGRAMS`` programs (``states`` = sequences x value heads, times the value blocks): at B2
-    T16384 H16 K=V=128 (64 programs at 64) the forward took 1.80 ms at value blocks of 32 against 1.93 at 64 on the
-    H200 (2026-12-04, ``benchmarks/results/2026-12-04-h200-gdr-fwd-bwd-B2T16384.log``).
+    The forward's state pass (``state_v``) takes value blocks of at most 32 channels when it would have fewer than
+    ``gla.chunk._STATE_PROGRAMS`` programs at ``block_v`` (``states`` = sequences x value heads, times the value
+    blocks; as gla's state tiles, whatever ``block_v`` was asked for): at B2 T16384 H16 K=V=128 (64 programs at 64)
+    the forward took 1.80 ms at value blocks of 32 for all three launches against 1.93 at 64 on the H200 (2026-12-04,
+    ``benchmarks/results/2026-12-04-h200-gdr-fwd-bwd-B2T16384.log``). ``delta_prep`` and ``delta_output`` keep
+    ``block_v``: narrower blocks only repeat their work (``delta_output`` computes a chunk's scores once per value
+    block; under Nsight Compute at 32 it took 343 us against fla's 254,
+    ``benchmarks/results/2026-12-05-h200-gdr-B2T16384-ncu.log``).
 
     Key dims above 128 (key tiles of 256 channels; on a GPU only), bfloat16 inputs: chunks of 32, value blocks of
     64, 4 warps, 2 stages, forward and backward. Checked and timed on the H200 (2026-12-04, B4 T4096 H16 K=V=256,
@@ -161,17 +166,14 @@ def _plan(
         chunk, bv, warps, stages = (32, 16, 8, 3) if bwd else (64, 32, 8, 2)
     else:
         chunk, bv, warps, stages = (32, 32, 4, 3) if bwd else (64, 64, 4, 2)
-        if not bwd and states is not None and states * cdiv(dv, bv) < gla_chunk._STATE_PROGRAMS:
-            bv = 32
     if interpreting():
         chunk, bv, stages = 16, _pow2(dv), 1
     chunk = p.chunk_size or chunk
-    return Plan(
-        chunk,
-        min(p.block_v or bv, _pow2(dv)),
-        p.num_warps or (2 if bwd and chunk == 64 else warps),
-        p.num_stages or stages,
-    )
+    bv = min(p.block_v or bv, _pow2(dv))
+    state_v = bv
+    if not bwd and not wide and states is not None and states * cdiv(dv, bv) < gla_chunk._STATE_PROGRAMS:
+        state_v = min(bv, 32)
+    return Plan(chunk, bv, p.num_warps or (2 if bwd and chunk == 64 else warps), p.num_stages or stages, state_v)
 
 
 def _params(cls: type[ChunkFwdParams] | type[ChunkBwdParams], plan: Plan) -> Any:
@@ -315,10 +317,10 @@ def _prologue(plan: Plan, tab: Any, k, v, g, beta, h0, store_t: bool, inter: Any
             jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), inter),
             jax.ShapeDtypeStruct((tab.n, hv, dk, dv), f32),
         ),
-        grid=(tab.n * cdiv(dv, plan.block_v), hv),
+        grid=(tab.n * cdiv(dv, plan.state_v), hv),
         name="ejkernel_gdr_chunk_states",
         HAS_H0=h0 is not None,
-        **state_common,
+        **{**state_common, "BV": plan.state_v},
     )
     return w, u, b, (t if store_t else None), uc, hs, ht
 
