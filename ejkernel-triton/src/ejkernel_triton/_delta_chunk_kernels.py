@@ -146,8 +146,8 @@ def delta_prep(
     PREC: tl.constexpr,
     TPREC: tl.constexpr,
 ):
-    """``b``, ``w`` (in ``W``'s dtype), ``u`` of one chunk and value head, and ``T`` (``TM``) when ``STORE_T``.
-    Grid ``(NT, HV)``."""
+    """``b``, ``w`` (in ``W``'s dtype), ``u`` (in ``U``'s dtype) of one chunk and value head, and ``T`` (``TM``)
+    when ``STORE_T``. Grid ``(NT, HV)``."""
     i_t, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
     _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
@@ -183,7 +183,7 @@ def delta_prep(
         m_tv = m_t[:, None] & (o_v < DV)[None, :]
         b_v = _raw(V_, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)  # [BT, BV]
         b_u = _dot(b_tu, b_v, None, DOT, EMU, PREC)
-        tl.store(U + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_u, mask=m_tv)
+        tl.store(U + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_u.to(U.dtype.element_ty), mask=m_tv)
 
 
 @triton.jit

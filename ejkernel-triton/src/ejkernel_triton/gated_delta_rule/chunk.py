@@ -274,7 +274,9 @@ def _launch_common(plan: Plan, h: int, hv: int, dk: int, dv: int) -> dict[str, A
 
 def _prologue(plan: Plan, tab: Any, k, v, g, beta, h0, store_t: bool, inter: Any):  # noqa: ANN001, ANN202
     """What the forward and the backward both need: ``(w, u, b, T or None, U', the state at each chunk's start,
-    the final state)``: ``w``, ``U'`` and the states at the chunks' starts in ``inter``, the others float32."""
+    the final state)``: ``w``, ``u``, ``U'`` and the states at the chunks' starts in ``inter``, the others float32
+    (``u`` in ``inter`` as fla stores it: bfloat16 inputs halve the bytes that ``delta_prep`` writes and the state
+    pass reads, ``[R, HV, V]`` each; ``U' = u - w S`` is then formed in float32 from the rounded ``u``)."""
     from ejkernel_triton import _delta_chunk_kernels as kern
     from ejkernel_triton import launch
 
@@ -294,7 +296,7 @@ def _prologue(plan: Plan, tab: Any, k, v, g, beta, h0, store_t: bool, inter: Any
         tab.off,
         out_shape=(
             jax.ShapeDtypeStruct((r, hv, dk), inter),
-            jax.ShapeDtypeStruct((r, hv, dv), f32),
+            jax.ShapeDtypeStruct((r, hv, dv), inter),
             jax.ShapeDtypeStruct((r, hv), f32),
             jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk) if store_t else (1,), f32),
         ),
