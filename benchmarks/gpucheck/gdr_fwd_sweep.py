@@ -1,8 +1,9 @@
 """GPU check (H200): the chunked Triton ``gated_delta_rule`` forward (``use_qk_l2norm``, bf16, K=V=128; B2 T16384
 H16, ``--shape B,T`` for another) at forward plans of value blocks 32/64, warps 2/4/8 and stages 1-4 (chunks of 64),
 each config's output against XLA's chunked one, for Nsight Compute: each of the three launches (``delta_prep``,
-``delta_states``, ``delta_output``) gets its own time, so one sweep says which plan suits which launch (the plan is
-shared by the three today; at B2 T16384 our states pass took 486 us against fla's 305,
+``delta_states``, ``delta_output``) gets its own time, so one sweep says which plan suits which launch (warps and
+stages are shared by the three today, and at few states the state pass takes value blocks of 32 whatever the
+plan's; at B2 T16384 our states pass took 486 us against fla's 305,
 ``benchmarks/results/2026-12-05-h200-gdr-B2T16384-ncu.log``).
 
     bash .ci/gpu setup >/dev/null && PYTHONPATH=/tmp/ejk-site ncu --clock-control none \
