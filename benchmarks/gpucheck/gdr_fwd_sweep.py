@@ -12,23 +12,30 @@ plan's; at B2 T16384 our states pass took 486 us against fla's 305,
 
 Each config runs twice (the first compiles): six launches per config, in the order of the printed ``config``
 lines; a config that does not compile (shared memory) prints ``skipped`` and no ``config`` line. ``--bv 64``,
-``--warps 2,4``, ``--stages 2,3``: those values alone. ``--small``: tiny shapes and two configs (a dry run on a CPU with EJKERNEL_TRITON_INTERPRET=1).
+``--warps 2,4``, ``--stages 2,3``: those values alone. ``--state``: the configs go to the state pass alone
+(``Plan.state_v``, ``state_warps``, ``state_stages``; the other two launches keep the default plan). Each config
+also prints the whole forward's time by its own timer (``_timing.median_ms``, 5 calls a sample): a ranking without
+Nsight Compute (which crashed at start with ``--clock-control none`` on the machine of 2026-12-05's third session).
+``--small``: tiny shapes and two configs (a dry run on a CPU with EJKERNEL_TRITON_INTERPRET=1).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from _timing import median_ms  # benchmarks/gpucheck/_timing.py (the script's folder is on sys.path)
 
 from ejkernel_triton.gated_delta_rule import chunk
 from ejkernel_triton.gla.chunk import ChunkFwdParams
 from ejkernel_xla.gated_delta_rule.interface import gated_delta_rule as xla_gdr
 
 SMALL = "--small" in sys.argv
+STATE = "--state" in sys.argv
 B, T, H, K = (1, 48, 2, 32) if SMALL else (2, 16384, 16, 128)
 if "--shape" in sys.argv:
     B, T = (int(x) for x in sys.argv[sys.argv.index("--shape") + 1].split(","))
@@ -53,10 +60,16 @@ def main() -> None:
     want = jax.jit(lambda *a: xla_gdr(*a, use_qk_l2norm=True)[0])(*args).astype(jnp.float32)
     scale = float(jnp.max(jnp.abs(want)))
     chunk_size = 16 if SMALL else 64
+    base = chunk._plan(K, K, ChunkFwdParams(chunk_size=chunk_size), bf, B * H)
     for bv, warps, stages in CONFIGS:
-        p = ChunkFwdParams(chunk_size=chunk_size, block_v=bv, num_warps=warps, num_stages=stages)
-        f = jax.jit(lambda *a, p=p: chunk.gated_delta_rule(*a, use_qk_l2norm=True, fwd_params=p)[0])
-        label = f"bv {bv} warps {warps} stages {stages}"
+        if STATE:  # the state pass alone takes the config (its value block, warps, stages); the others the default
+            plan = dataclasses.replace(base, state_v=bv, state_warps=warps, state_stages=stages)
+            label = f"state bv {bv} warps {warps} stages {stages}"
+        else:
+            plan = chunk._plan(K, K, ChunkFwdParams(chunk_size, None, bv, warps, stages), bf, B * H)
+            label = f"bv {bv} warps {warps} stages {stages}"
+        s = chunk.Static(plan, plan, K**-0.5, False, True)
+        f = jax.jit(lambda *a, s=s: chunk.chunk_delta(s, *a, None, None)[0])
         try:
             for _ in range(2):
                 out = jax.block_until_ready(f(*args))
@@ -64,7 +77,8 @@ def main() -> None:
             print(f"skipped {label}: {type(e).__name__}: {str(e)[:200]}", flush=True)
             continue
         err = float(jnp.max(jnp.abs(out.astype(jnp.float32) - want))) / scale
-        print(f"config {label}: rel err vs xla {err:.1e}", flush=True)
+        ms = median_ms(f, *args, n=5 if SMALL else 15, reps=1 if SMALL else 5)
+        print(f"config {label}: rel err vs xla {err:.1e}, {ms:.3f} ms", flush=True)
 
 
 if __name__ == "__main__":

@@ -85,6 +85,8 @@ class Plan:
     num_warps: int
     num_stages: int
     state_v: int  # the forward state pass's value block (block_v or narrower: _plan)
+    state_warps: int = 0  # the state pass's warps and stages (0: num_warps, num_stages)
+    state_stages: int = 0
 
 
 def _plan(
@@ -322,7 +324,12 @@ def _prologue(plan: Plan, tab: Any, k, v, g, beta, h0, store_t: bool, inter: Any
         grid=(tab.n * cdiv(dv, plan.state_v), hv),
         name="ejkernel_gdr_chunk_states",
         HAS_H0=h0 is not None,
-        **{**state_common, "BV": plan.state_v},
+        **{
+            **state_common,
+            "BV": plan.state_v,
+            "num_warps": plan.state_warps or plan.num_warps,
+            "num_stages": plan.state_stages or plan.num_stages,
+        },
     )
     return w, u, b, (t if store_t else None), uc, hs, ht
 

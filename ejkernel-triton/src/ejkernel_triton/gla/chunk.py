@@ -108,7 +108,8 @@ class ChunkBwdParams(_ChunkParams):
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """One pass's launch: chunk length, key/value tile, warps, stages, and the state passes' tile ``[state_k,
-    state_v]``."""
+    state_v]``, warps and stages (``chunk_state_fwd`` / ``chunk_state_bwd``: sequential over the chunks, so their
+    own launch)."""
 
     chunk: int
     block_k: int
@@ -117,6 +118,8 @@ class Plan:
     num_stages: int
     state_k: int
     state_v: int
+    state_warps: int = 8
+    state_stages: int = 2
 
 
 class Dims(NamedTuple):
@@ -206,6 +209,8 @@ def make_plan(d: Dims, p: _ChunkParams, stage: str = "fwd") -> Plan:
         num_stages=p.num_stages or base.num_stages,
         state_k=base.state_k,
         state_v=base.state_v,
+        state_warps=base.state_warps,
+        state_stages=base.state_stages,
     )
 
 
@@ -394,8 +399,8 @@ def _states(
             jax.ShapeDtypeStruct((tab.n, hv, dk, dv), jnp.float32),
         ),
         grid=(tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), hv),
-        num_warps=plan.num_warps,
-        num_stages=plan.num_stages,
+        num_warps=plan.state_warps,
+        num_stages=plan.state_stages,
         name="ejkernel_gla_chunk_state_fwd",
         H=h,
         HV=hv,
@@ -408,6 +413,47 @@ def _states(
         HAS_H0=h0 is not None,
         SPLIT=split,
         **_dots(k.dtype),
+    )
+
+
+def _dstates(
+    plan: Plan, tab: _Table, q: jax.Array, do: jax.Array, gc: jax.Array, dht: jax.Array | None, scale: float, hv: int
+) -> Any:
+    """``(dh [NT, HV, K, V] float32: the gradient of each chunk's state, dh0 [N, HV, K, V] float32)``, walking the
+    chunks backwards."""
+    from ejkernel_triton import _chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    _, h, dk = q.shape
+    dv = do.shape[2]
+    f32 = jnp.float32
+    return launch.launch(
+        kern.chunk_state_bwd,
+        q,
+        do,
+        gc,
+        jnp.asarray(_DUMMY_F32) if dht is None else dht,
+        tab.cu,
+        tab.off,
+        float(scale),
+        out_shape=(
+            jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), f32),
+            jax.ShapeDtypeStruct((tab.n, hv, dk, dv), f32),
+        ),
+        grid=(tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), hv),
+        num_warps=plan.state_warps,
+        num_stages=plan.state_stages,
+        name="ejkernel_gla_chunk_state_bwd",
+        H=h,
+        HV=hv,
+        DK=dk,
+        DV=dv,
+        GK=dk,
+        BT=plan.chunk,
+        BK=plan.state_k,
+        BV=plan.state_v,
+        HAS_DHT=dht is not None,
+        **_dots(q.dtype),
     )
 
 
@@ -571,31 +617,7 @@ def _backward_rows(
     common: dict[str, Any] = {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
     sizes: dict[str, Any] = {"HV": hv, "BT": plan.chunk, **_dots(q.dtype)}
     f32 = jnp.float32
-    dhe, dh0 = launch.launch(
-        kern.chunk_state_bwd,
-        q,
-        do,
-        gc,
-        jnp.asarray(_DUMMY_F32) if dht is None else dht,
-        tab.cu,
-        tab.off,
-        float(s.scale),
-        out_shape=(
-            jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), f32),
-            jax.ShapeDtypeStruct((tab.n, hv, dk, dv), f32),
-        ),
-        grid=(tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), hv),
-        name="ejkernel_gla_chunk_state_bwd",
-        H=h,
-        DK=dk,
-        DV=dv,
-        GK=dk,
-        BK=plan.state_k,
-        BV=plan.state_v,
-        HAS_DHT=dht is not None,
-        **sizes,
-        **common,
-    )
+    dhe, dh0 = _dstates(plan, tab, q, do, gc, dht, s.scale, hv)
     (da,) = launch.launch(
         kern.chunk_attn_grad,
         do,
