@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 
@@ -224,11 +225,10 @@ def test_candidates_supports_and_registration_below_xla_on_gpus():
     with pytest.MonkeyPatch.context() as mp:  # on a GPU, K=256 takes its own plans (sm_90's shared memory)
         mp.setattr(chunk, "interpreting", lambda: False)
         assert chunk.supports(wide) is None and chunk.supports(inv) is None  # K=256 checked on the H200
-        plan = (
-            lambda dk, p, dtype=jnp.bfloat16, states=None: tuple(  # noqa: E731
-                dataclasses.astuple(chunk._plan(dk, dk, p, dtype, states))[:5]
-            )
-        )
+
+        def plan(dk: int, p: Any, dtype: Any = jnp.bfloat16, states: int | None = None) -> tuple[int, ...]:
+            return dataclasses.astuple(chunk._plan(dk, dk, p, dtype, states))[:5]
+
         # (chunk, block_v, warps, stages, state_v), timed on the H200 (2026-12-04)
         assert plan(256, ChunkFwdParams()) == plan(256, ChunkBwdParams()) == (32, 64, 4, 2, 64)  # bfloat16
         assert plan(256, ChunkFwdParams(), jnp.float32) == (64, 32, 8, 2, 32)  # float32: fewer spills, fits sm_90
