@@ -10,10 +10,11 @@
     initial state), forward and forward + backward (the loss ``sum(o * r)`` with its gradients in q, k, v, g), for
     ``triton_chunk`` and ``xla``; with ``--plans`` also ``triton_chunk`` at a few launch plans (forward value
     tiles of 128, backward key tiles of 32 and value tiles of 32, forward chunks of 32); with ``--kernels`` each Triton launch of one
-    forward + backward alone.
+    forward + backward alone (5 calls a sample).
 
 Run (on the GPU machine, repo root; .whl carried):
-    bash .ci/gpu setup >/dev/null && PYTHONPATH=/tmp/ejk-site python3 benchmarks/gpucheck/gla_chunk.py [--plans] [--kernels]
+    bash .ci/gpu setup >/dev/null && PYTHONPATH=/tmp/ejk-site python3 benchmarks/gpucheck/gla_chunk.py [--plans] [--kernels] \
+        [--shape B,T]  # (b)'s shape (default 4,4096)
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from ejkernel.testing.conformance._harness import FWD_RTOL, GRAD_RTOL
 
 IMPL = "triton_chunk"
 SMALL = "--small" in sys.argv  # a dry run of the script itself (tiny shapes; on a CPU with EJKERNEL_TRITON_INTERPRET=1)
+B, T = (int(x) for x in sys.argv[sys.argv.index("--shape") + 1].split(",")) if "--shape" in sys.argv else (4, 4096)
 
 
 def inputs(b, t, h, dk, dv, dtype, *, n=None, seed=0, h0=True):
@@ -154,8 +156,8 @@ def kernel_times(args):
         q, k, v, g = args
         b, t, h, dk = q.shape
         s = chunk.Static(
-            chunk.make_plan(chunk.Dims(dk, v.shape[-1]), chunk.ChunkFwdParams(), "fwd"),
-            chunk.make_plan(chunk.Dims(dk, v.shape[-1]), chunk.ChunkBwdParams(), "bwd"),
+            chunk.make_plan(chunk.Dims(dk, v.shape[-1], b * v.shape[2]), chunk.ChunkFwdParams(), "fwd"),
+            chunk.make_plan(chunk.Dims(dk, v.shape[-1], b * v.shape[2]), chunk.ChunkBwdParams(), "bwd"),
             dk**-0.5,
             False,
         )
@@ -179,7 +181,7 @@ def kernel_times(args):
                 full[i] = x
             return real(kernel, *full, **kw)
 
-        ms = median_ms(jax.jit(one), *(a[i] for i in at))
+        ms = median_ms(jax.jit(one), *(a[i] for i in at), reps=5)  # 5 calls a sample: past the timer's floor
         total += ms
         print(f"  {kw.get('name', kernel.__name__):36s} grid {str(kw['grid']):18s} {ms:8.3f} ms")
     print(f"  {'sum':36s} {'':23s} {total:8.3f} ms")
@@ -198,8 +200,8 @@ def main():
         ok &= check("packed", dtype, cu=(0, 1, 400, 400, 900, 1020))
     print("ALL PASS" if ok else "SOME FAILED")
 
-    print("(b) timings, B4 T4096 H16 K=V=128 bf16, median of 20 (ms)")
-    q, k, v, g, _ = inputs(*((1, 128, 2, 32, 32) if SMALL else (4, 4096, 16, 128, 128)), jnp.bfloat16, h0=False)
+    print(f"(b) timings, B{B} T{T} H16 K=V=128 bf16, median of 20 (ms)")
+    q, k, v, g, _ = inputs(*((1, 128, 2, 32, 32) if SMALL else (B, T, 16, 128, 128)), jnp.bfloat16, h0=False)
     r = jnp.asarray(np.random.default_rng(2).standard_normal(v.shape, dtype=np.float32))
     for platform in (IMPL, "xla"):
         if SMALL and platform == "xla":
