@@ -198,6 +198,7 @@ def chunk_state_fwd(
     K_,
     V_,
     GC,
+    GV,
     H0,
     Cu,
     ChunkOff,
@@ -212,6 +213,7 @@ def chunk_state_fwd(
     BK: tl.constexpr,
     BV: tl.constexpr,
     HAS_H0: tl.constexpr,
+    HAS_GV: tl.constexpr,
     SPLIT: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
@@ -220,7 +222,10 @@ def chunk_state_fwd(
     """The state at each chunk's start (``Hs``) and after the last (``HT``), one ``[BK, BV]`` tile per program, in
     registers across the chunks. ``SPLIT``: the chunk's update keeps float32 accuracy (its float32 operand split,
     :func:`mm`), for a final state that is returned or states that feed float32 products; else one product (the
-    states then only feed dots that round them to ``DOT``). Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
+    states then only feed dots that round them to ``DOT``). ``HAS_GV``: the state's columns decay too, by the
+    cumulative gates ``GV [R, HV, DV]`` (``S <- diag(exp(b_L)) S diag(exp(c_L)) + (k exp(b_L - b))^T (v exp(c_L -
+    c))``, ``c`` = ``GV``). Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
+    SPLIT_V: tl.constexpr = SPLIT and HAS_GV  # decayed values are not exact in DOT either
     NK: tl.constexpr = (DK + BK - 1) // BK
     NV: tl.constexpr = (DV + BV - 1) // BV
     i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the tiles of one sequence and head side by side
@@ -256,8 +261,13 @@ def chunk_state_fwd(
         b_gT = gate(GC, rows[None, :], o_k[:, None], m_kt, i_hv, HV, GK)  # [BK, BT]
         b_gl = gate(GC, start + n_rows - 1, o_k, m_k, i_hv, HV, GK)  # [BK], the chunk's total decay
         b_v = raw(V_, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_hv, HV, DV, EMU)  # [BT, BV]
+        if HAS_GV:
+            b_cl = gate(GV, start + n_rows - 1, o_v, m_v, i_hv, HV, DV)  # [BV]
+            b_c = gate(GV, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_hv, HV, DV)  # [BT, BV]
+            b_v = b_v.to(tl.float32) * tl.exp(b_cl[None, :] - b_c)
+            b_h = b_h * tl.exp(b_cl)[None, :]
         b_h = b_h * tl.exp(b_gl)[:, None]
-        b_h = mm(b_kT * tl.exp(b_gl[:, None] - b_gT), b_v, b_h, SPLIT, 0, DOT, EMU, PREC)
+        b_h = mm(b_kT * tl.exp(b_gl[:, None] - b_gT), b_v, b_h, SPLIT, SPLIT_V, DOT, EMU, PREC)
     tl.store(HT + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_h, mask=m_h)
 
 
@@ -465,6 +475,7 @@ def chunk_state_bwd(
     Q,
     DO,
     GC,
+    GV,
     DHT,
     Cu,
     ChunkOff,
@@ -480,12 +491,15 @@ def chunk_state_bwd(
     BK: tl.constexpr,
     BV: tl.constexpr,
     HAS_DHT: tl.constexpr,
+    HAS_GV: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
 ):
     """The gradient of the state, chunks in reverse: ``DHE`` at each chunk's end, ``DH0`` before the first
-    (the final state's cotangent ``DHT`` for an empty sequence). Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
+    (the final state's cotangent ``DHT`` for an empty sequence). ``HAS_GV``: the columns decay too (``GV``, as
+    :func:`chunk_state_fwd`'s): ``dS <- diag(exp(b_L)) dS diag(exp(c_L)) + scale (q exp(b))^T (do exp(c))``. Grid
+    ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
     NK: tl.constexpr = (DK + BK - 1) // BK
     NV: tl.constexpr = (DV + BV - 1) // BV
     i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the tiles of one sequence and head side by side
@@ -522,8 +536,13 @@ def chunk_state_bwd(
         b_gT = gate(GC, rows[None, :], o_k[:, None], m_kt, i_hv, HV, GK)
         b_gl = gate(GC, start + n_rows - 1, o_k, m_k, i_hv, HV, GK)  # [BK]
         b_do = raw(DO, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_hv, HV, DV, EMU)  # [BT, BV]
+        if HAS_GV:
+            b_cl = gate(GV, start + n_rows - 1, o_v, m_v, i_hv, HV, DV)  # [BV]
+            b_c = gate(GV, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_hv, HV, DV)  # [BT, BV]
+            b_do = b_do.to(tl.float32) * tl.exp(b_c)
+            b_dh = b_dh * tl.exp(b_cl)[None, :]
         b_dh = b_dh * tl.exp(b_gl)[:, None]
-        b_dh = mm(b_qT * (tl.exp(b_gT) * scale), b_do, b_dh, 1, 0, DOT, EMU, PREC)
+        b_dh = mm(b_qT * (tl.exp(b_gT) * scale), b_do, b_dh, 1, HAS_GV, DOT, EMU, PREC)
     tl.store(DH0 + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_dh, mask=m_h)
 
 
@@ -723,6 +742,7 @@ def chunk_dqk_inter(
     K_,
     V_,
     GC,
+    GV,
     DO,
     Hs,
     DHE,
@@ -744,6 +764,7 @@ def chunk_dqk_inter(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    HAS_GV: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
@@ -757,7 +778,11 @@ def chunk_dqk_inter(
     two terms are what ``g_t`` does through the state at the chunk's end: summed forward, they are not the small
     difference of large terms that a reverse cumulative sum of ``q dq - k dk`` over the whole sequence would take
     with strong gates. The pairs ``i == j`` of the intra-chunk scores (not in ``dq_intra``/``dk_intra``) cancel
-    in ``dg`` exactly: they are added to ``dq`` and ``dk`` only. Grid ``(NT * cdiv(DK, BK), HV)``."""
+    in ``dg`` exactly: they are added to ``dq`` and ``dk`` only. ``HAS_GV`` (the value-gated recurrence with a key
+    gate, ``ejkernel_triton._value_chunk``): the states' columns decay by the cumulative gates ``c = GV [R, HV,
+    DV]`` too, so ``do`` reads ``do exp(c)``, ``v`` reads ``v exp(c_L - c)`` and ``exp(b_L) sum_v h dhe`` weighs
+    each column by ``exp(c_L)``; ``Hs``, ``DHE`` are then stored transposed, ``[NT, HV, DV, DK]`` (that path's
+    layout). Grid ``(NT * cdiv(DK, BK), HV)``."""
     NK: tl.constexpr = (DK + BK - 1) // BK
     i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the key blocks of one chunk side by side (shared reads)
     i_t = i_p // NK
@@ -780,11 +805,22 @@ def chunk_dqk_inter(
         m_tv = m_t[:, None] & m_v[None, :]
         b_do = raw(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)  # [BT, BV]
         b_v = raw(V_, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)
-        b_hT = state_at(Hs, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)  # [BV, BK]
-        b_dheT = state_at(DHE, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)
-        b_dq = mm(b_do, b_hT, b_dq, 0, 1, DOT, EMU, PREC)
-        b_dk = mm(b_v, b_dheT, b_dk, 0, 1, DOT, EMU, PREC)
-        b_hdh += tl.sum(b_hT * b_dheT, axis=0)
+        if HAS_GV:
+            b_c = gate(GV, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
+            b_cl = gate(GV, bos + n_rows - 1, o_v, m_v & (o_v * 0 < n_rows), i_hv, HV, DV)  # [BV]
+            b_do = b_do.to(tl.float32) * tl.exp(b_c)
+            b_v = b_v.to(tl.float32) * tl.exp(b_cl[None, :] - b_c)
+            b_hT = state_at(Hs, i_t, i_hv, o_v[:, None], o_k[None, :], m_v[:, None], m_k[None, :], HV, DV, DK)
+            b_dheT = state_at(DHE, i_t, i_hv, o_v[:, None], o_k[None, :], m_v[:, None], m_k[None, :], HV, DV, DK)
+        else:
+            b_hT = state_at(Hs, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)  # [BV, BK]
+            b_dheT = state_at(DHE, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)
+        b_dq = mm(b_do, b_hT, b_dq, HAS_GV, 1, DOT, EMU, PREC)
+        b_dk = mm(b_v, b_dheT, b_dk, HAS_GV, 1, DOT, EMU, PREC)
+        if HAS_GV:
+            b_hdh += tl.sum(b_hT * b_dheT * tl.exp(b_cl)[:, None], axis=0)
+        else:
+            b_hdh += tl.sum(b_hT * b_dheT, axis=0)
     b_g = gate(GC, rows[:, None], o_k[None, :], m_tk, i_hv, HV, GK)  # [BT, BK]
     b_gl = gate(GC, bos + n_rows - 1, o_k, m_k & (o_k * 0 < n_rows), i_hv, HV, GK)  # [BK]
     p_x = (rows[:, None] * HV + i_hv) * DK + o_k[None, :]
