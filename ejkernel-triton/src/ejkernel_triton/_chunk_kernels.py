@@ -26,6 +26,10 @@ too when it cuts other chunks than the forward) and runs the rest):
   value head) and the gates' gradient ``dg``, chunk by chunk (:func:`chunk_dqk_inter` says how: no reverse
   cumulative sum over the whole sequence).
 
+``HAS_GV`` (:func:`chunk_state_fwd`, :func:`chunk_state_bwd`, :func:`chunk_dqk_inter`; off for ``gla``, where the
+branch compiles away): the state's columns decay too, by a second cumulative gate ``GV`` (``recurrent`` with a key
+and a value gate, ``ejkernel_triton._value_chunk``, whose kernels the rest of that path is).
+
 Numerical stability (log gates may be -100 per token): no exponent is ever positive. The intra-chunk pairs
 ``i > j`` are taken by blocks of ``BC = 16`` rows: a pair of two blocks splits ``exp(b_i - b_j) = exp(b_i - b_r)
 exp(b_r - b_j)`` at the first row ``r`` of the later block, both factors at most 1, so a pair of blocks is one
@@ -148,6 +152,16 @@ def state_at(X, i_s, i_hv, o_k, o_v, m_k, m_v, HV: tl.constexpr, DK: tl.constexp
     transposed tile; masked elements 0."""
     base = (i_s.to(tl.int64) * HV + i_hv) * (DK * DV)
     return tl.load(X + base + o_k * DV + o_v, mask=m_k & m_v, other=0.0)
+
+
+@triton.jit
+def exclusive_cumsum(x, N: tl.constexpr):
+    """``sum_{s < t} x_s`` along axis 0 of ``x [N, *]`` (float32, ``N >= 16``): a product with the strictly lower 0/1
+    matrix at float32 precision, not the inclusive sum minus ``x_t``, which rounds away the small sums before a
+    large ``x_t`` (the gates' gradients under strong gates: ``x_t`` is what row ``t`` passes to the chunk's state,
+    about 1 at the last row, its predecessors' much less)."""
+    o = tl.arange(0, N)
+    return tl.dot((o[None, :] < o[:, None]).to(tl.float32), x, input_precision="ieee")
 
 
 @triton.jit
@@ -831,7 +845,10 @@ def chunk_dqk_inter(
     b_k = tile(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)
     b_u = b_q * b_dq - b_k * b_dki
     b_w = b_k * b_dk
-    b_dg = tl.cumsum(b_u, axis=0, reverse=True) + (tl.cumsum(b_w, axis=0) - b_w)
+    if HAS_GV:
+        b_dg = tl.cumsum(b_u, axis=0, reverse=True) + exclusive_cumsum(b_w, BT)
+    else:
+        b_dg = tl.cumsum(b_u, axis=0, reverse=True) + (tl.cumsum(b_w, axis=0) - b_w)
     b_dg += (tl.exp(b_gl) * b_hdh)[None, :]
     tl.store(DG + p_x, b_dg, mask=m_tk)
     b_dd = tl.load(DA + ((i_t.to(tl.int64) * HV + i_hv) * BT + o_t) * BT + o_t)[:, None]  # dA_ii, [BT, 1]

@@ -1,6 +1,8 @@
 """Chunked linear attention with one log decay per token, head and value channel (``value_gla``): the kernels of
 ``ejkernel_triton._value_chunk_kernels``, forward and backward. ``recurrent`` with a value gate ``g_v`` (and no key
-gate) runs on it, with ``gv = g + g_v``.
+gate) runs on it, with ``gv = g + g_v``; with a key gate too, on ``keyed_value_gla``: these kernels with the key
+side's log decays ``g + g_k`` added (``[B, T, H, K + V]``: both sides' side by side), the chunked ``gla``'s
+intra-chunk scores and ``dq``/``dk`` kernels taking that side (see ``ejkernel_triton._value_chunk_kernels``).
 
 Shapes: ``q``, ``k [B, T, H, K]``, ``v [B, T, H, V]``, ``gv [B, T, H, V]`` (log decay, ``<= 0``), states ``[B or
 N, H, K, V]``, ``cu_seqlens [N + 1]`` (``B == 1``). Per sequence and head: ``S_t = S_{t-1} diag(exp(gv_t)) +
@@ -14,7 +16,8 @@ float32 accuracy), the state's gradient (the reverse pass), each chunk's pair ma
 ``D`` (the decayed ``do v^T``) once, ``dv`` with the decay's gradient from ``A`` (chunk-local: no reverse
 cumulative sum over the sequence), then ``dq``/``dk`` per chunk and key tile from ``D``. Memory: the chunk states
 and their gradients, ``2 (T / C) H K V`` float32 per batch row, the cumulative decays ``T H V`` float32 and the
-pair matrices ``2 T C H`` float32.
+pair matrices ``2 T C H`` float32 (with a key gate: ``T H (K + V)`` cumulative decays, and the forward keeps its
+``T C H`` float32 scores until the output is made).
 
 Launch parameters and plans: ``ejkernel_triton._simple_chunk``'s (:class:`ChunkFwdParams`/:class:`ChunkBwdParams`
 of ``ejkernel_triton.gla.chunk``); chunks are multiples of the kernels' 16-row blocks. Dots as ``simple_gla``'s.

@@ -34,11 +34,21 @@ with ``q`` and ``do`` swapped; so the states ``h``, ``dhe`` are ``[NT, H, DV, DK
 * :func:`value_dqk`: ``dq = scale (D @ k + ...)``, ``dk = scale D^T @ q + ...`` per (chunk, key tile), reading
   ``D``.
 
+With a key gate too (``HAS_GK``; ``recurrent`` with ``g_k`` and ``g_v``, ``S_t = diag(exp(a_t)) S_{t-1}
+diag(exp(gv_t)) + k_t^T v_t``, ``a`` the key side's cumulative gates ``GC [R, H, DK]``): the key side's decays are
+what the chunked ``gla``'s kernels apply, so its kernels take that side: ``A`` becomes its key-decayed scores
+``A_ij = scale sum_c q_ic k_jc exp(a_ic - a_jc)`` (``chunk_intra_diag``/``chunk_intra_offdiag``, float32), read by
+:func:`value_output` and :func:`value_dv` in place of ``scale q k^T`` (the value side's ``exp(b_i - b_j)`` goes on
+as before: the two factor apart); ``q @ h`` reads ``q exp(a)``, ``k @ dhe`` reads ``k exp(a_L - a)``, and the
+state passes decay the key side too (their ``HAS_GV``, the transposed state's columns). :func:`value_pairs` then
+writes only ``scale D``, the scores' gradient, and ``dq``, ``dk`` with the key gate's gradient are the chunked
+``gla``'s ``chunk_dqk_intra`` and ``chunk_dqk_inter`` (with its ``HAS_GV``), not :func:`value_dqk`.
+
 Layouts as ``ejkernel_triton._simple_chunk_kernels``' (``q``, ``k [R, H, DK]``; ``v``, ``do``, ``b [R, H, DV]``;
 the chunk table ``Cu``, ``ChunkOff``, ``ChunkSeq``), the states transposed (``[NT, H, DV, DK]``). Dots
 (:func:`mm`): operands in ``DOT``, float32 accumulation; products that feed the float32 results (the states,
-``dgv``) split their float32 operands (``SA``/``SB``). Dot results are never transposed (Triton 3.6 on Hopper miscompiles ``tl.trans``
-of one): transposed operands (``A^T``, ``D^T`` too) are loaded transposed.
+``dgv``) split their float32 operands (``SA``/``SB``). Dot results are never transposed (Triton 3.6 on Hopper
+miscompiles ``tl.trans`` of one): transposed operands (``A^T``, ``D^T`` too) are loaded transposed.
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ import triton
 import triton.language as tl
 
 from ejkernel_triton import launch as _launch  # noqa: F401  (the interpreter switch, before any @triton.jit)
-from ejkernel_triton._chunk_kernels import chunk_span, gate, mm, raw, state_at, tile
+from ejkernel_triton._chunk_kernels import chunk_span, exclusive_cumsum, gate, mm, raw, state_at, tile
 
 # ------------------------------------------------------------------------------------------------
 # Helpers.
@@ -176,12 +186,12 @@ def cross_pairs(X, Y, B, rows_x, rows_y, m_x, m_y, ref, bos, n_rows, i_h, H: tl.
 
 
 @triton.jit
-def key_decayed(q, k, GC, rows, o_k, m_tk, bos, n_rows, m_k, i_h, H: tl.constexpr, DK: tl.constexpr):
-    """``(q exp(a), k exp(a_L - a))`` (float32) of a block of rows and key tile, ``a`` the key side's cumulative
-    gates ``GC [R, H, DK]`` (a key gate with the value gate; masked rows read 0)."""
+def key_factors(GC, rows, o_k, m_tk, bos, n_rows, m_k, i_h, H: tl.constexpr, DK: tl.constexpr):
+    """``(exp(a), exp(a_L - a))`` (``[len(rows), BK]``), the factors of ``q`` and ``k`` for a key gate with the
+    value gate, ``a`` the key side's cumulative gates ``GC [R, H, DK]`` (masked rows read 0: exponents <= 0)."""
     b_a = gate(GC, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)
     b_al = gate(GC, bos + n_rows - 1, o_k, m_k & (o_k * 0 < n_rows), i_h, H, DK)  # [BK]
-    return q.to(tl.float32) * tl.exp(b_a), k.to(tl.float32) * tl.exp(b_al[None, :] - b_a)
+    return tl.exp(b_a), tl.exp(b_al[None, :] - b_a)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -354,7 +364,9 @@ def value_dv(
             b_q = raw(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
             b_k = raw(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
             if HAS_GK:
-                b_q, b_k = key_decayed(b_q, b_k, GC, rows, o_k, m_tk, bos, n_rows, m_k, i_h, H, DK)
+                e_q, e_k = key_factors(GC, rows, o_k, m_tk, bos, n_rows, m_k, i_h, H, DK)
+                b_q = b_q.to(tl.float32) * e_q
+                b_k = b_k.to(tl.float32) * e_k
             b_h = state_at(Hs, i_t, i_h, o_v[None, :], o_k[:, None], m_v[None, :], m_k[:, None], H, DV, DK)
             b_dhe = state_at(DHE, i_t, i_h, o_v[None, :], o_k[:, None], m_v[None, :], m_k[:, None], H, DV, DK)
             b_qh = mm(b_q, b_h, b_qh, HAS_GK, 1, DOT, EMU, PREC)
@@ -419,14 +431,17 @@ def value_dv(
             m_tk = m_t[:, None] & m_k[None, :]
             b_k = raw(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
             if HAS_GK:
-                _, b_k = key_decayed(b_k, b_k, GC, rows, o_k, m_tk, bos, n_rows, m_k, i_h, H, DK)
+                e_q, e_k = key_factors(GC, rows, o_k, m_tk, bos, n_rows, m_k, i_h, H, DK)
+                b_k = b_k.to(tl.float32) * e_k
             b_dhe = state_at(DHE, i_t, i_h, o_v[None, :], o_k[:, None], m_v[None, :], m_k[:, None], H, DV, DK)
             b_kd = mm(b_k, b_dhe, b_kd, HAS_GK, 1, DOT, EMU, PREC)
         b_v = tile(V_, rows[:, None], o_v[None, :], m_tv, i_h, H, DV)
         b_w = tl.where(m_tv, b_v * tl.exp(b_l[None, :] - b) * b_kd, 0.0)
-        tl.store(
-            DGW + (rows[:, None] * H + i_h) * DV + o_v[None, :], tl.cumsum(b_w, axis=0) - b_w + b_sw[None, :], mask=m_tv
-        )
+        if HAS_GK:
+            b_ws = exclusive_cumsum(b_w, BC)
+        else:
+            b_ws = tl.cumsum(b_w, axis=0) - b_w
+        tl.store(DGW + (rows[:, None] * H + i_h) * DV + o_v[None, :], b_ws + b_sw[None, :], mask=m_tv)
         b_sw += tl.sum(b_w, axis=0)
 
 

@@ -70,6 +70,18 @@ CASES = [
     Case("strong_gates_varlen", b=1, t=41, cu_seqlens=(0, 1, 17, 17, 37), gates=GATES, gate_scale=30.0),
     # strong scalar and value gates over two chunks of 64: the value gate's gradient sums terms that cancel
     Case("strong_value_gates", b=1, t=70, h=2, gates=("g", "g_v"), gate_scale=8.0),
+    # every gate strong, packed (a sequence of 70 tokens: two chunks of 64) and visited backwards: both sides of the
+    # state decay, and both gates' gradients sum terms that cancel
+    Case(
+        "strong_gates_varlen_reverse",
+        b=1,
+        t=100,
+        h=2,
+        cu_seqlens=(0, 3, 73, 73, 95),
+        gates=GATES,
+        gate_scale=8.0,
+        options=(("reverse", True),),
+    ),
 ]
 # Every case in float32; this one also in half precision (compiling is what costs time on CI).
 ALL = dtype_cases(CASES, {"all_gates": ("bfloat16", "float16")})
