@@ -826,8 +826,8 @@ def chunk_dqk_inter(
             b_v = b_v.to(tl.float32) * tl.exp(b_cl[None, :] - b_c)
             b_hT = state_at(Hs, i_t, i_hv, o_v[:, None], o_k[None, :], m_v[:, None], m_k[None, :], HV, DV, DK)
             b_dheT = state_at(DHE, i_t, i_hv, o_v[:, None], o_k[None, :], m_v[:, None], m_k[None, :], HV, DV, DK)
-        else:
-            b_hT = state_at(Hs, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)  # [BV, BK]
+        else:  # [BV, BK] tiles of the [DK, DV] states
+            b_hT = state_at(Hs, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)
             b_dheT = state_at(DHE, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)
         b_dq = mm(b_do, b_hT, b_dq, HAS_GV, 1, DOT, EMU, PREC)
         b_dk = mm(b_v, b_dheT, b_dk, HAS_GV, 1, DOT, EMU, PREC)

@@ -36,8 +36,8 @@ import numpy as np
 from ejkernel.device import cdiv
 from ejkernel.kernels.params import coerce
 
-from ejkernel_triton.gla import chunk as gla_chunk
 from ejkernel_triton._simple_chunk import Static, candidate_cfgs, chunked_vjp, default_plan, heuristic_cfg, make_plan
+from ejkernel_triton.gla import chunk as gla_chunk
 from ejkernel_triton.gla.chunk import (
     _BLOCK_ROWS,
     _DOT,

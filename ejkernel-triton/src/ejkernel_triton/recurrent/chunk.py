@@ -14,6 +14,7 @@ are theirs). Importing this module does not import Triton.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -80,6 +81,7 @@ def recurrent(
     state float32 or None)``."""
     if g_v is not None and g_k is None:  # what supports() declines, when called directly
         raise ValueError("ejkernel-triton recurrent (chunked): a value gate g_v needs a key gate g_k here")
+    kernels: Callable[..., tuple[jax.Array, jax.Array | None]]
     if g_k is None:
         kernels, log_decay = simple.simple_gla, scalar_decay(q, g)
     elif g_v is None:
