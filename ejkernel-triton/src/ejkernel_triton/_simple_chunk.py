@@ -380,6 +380,37 @@ def chunked_vjp(forward_rows: Any, backward_rows: Any) -> Any:
     return call
 
 
+def run_chunked(
+    run: Any,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    g: jax.Array,
+    scale: float | None,
+    initial_state: jax.Array | None,
+    output_final_state: bool,
+    cu_seqlens: jax.Array | None,
+    fwd_params: ChunkFwdParams | None,
+    bwd_params: ChunkBwdParams | None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """``run(s, q, k, v, g, h0, cu)`` (a :func:`chunked_vjp` call) with its plans made from the parameters: the
+    public wrappers' shared argument preparation (``g`` taken as float32; the final state dropped unless asked)."""
+    fp = coerce(ChunkFwdParams, fwd_params) or ChunkFwdParams()
+    bp = coerce(ChunkBwdParams, bwd_params) or ChunkBwdParams()
+    q, k, v = (jnp.asarray(x) for x in (q, k, v))
+    h0 = None if initial_state is None else jnp.asarray(initial_state).astype(jnp.float32)
+    cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens)
+    d = _dims_of({"q": q, "v": v, "cu_seqlens": cu_seqlens})
+    s = Static(
+        make_plan(d, fp, "fwd"),
+        make_plan(d, bp, "bwd"),
+        float(d.dk**-0.5 if scale is None else scale),
+        bool(output_final_state),
+    )
+    o, final = run(s, q, k, v, jnp.asarray(g).astype(jnp.float32), h0, cu)
+    return o, (final if output_final_state else None)
+
+
 _simple_chunk = chunked_vjp(_forward_rows, _backward_rows)
 
 
@@ -402,18 +433,5 @@ def simple_gla(
     ``initial_state [B or N, H, K, V]`` (any float dtype), ``cu_seqlens [N + 1]`` (``B == 1``); returns ``(o
     [B, T, H, V] in q's dtype, final state float32 or None)``. Differentiable in ``q``, ``k``, ``v``, ``g`` and
     ``initial_state``."""
-    fp = coerce(ChunkFwdParams, fwd_params) or ChunkFwdParams()
-    bp = coerce(ChunkBwdParams, bwd_params) or ChunkBwdParams()
-    q, k, v = (jnp.asarray(x) for x in (q, k, v))
-    g = jnp.asarray(g).astype(jnp.float32)
-    h0 = None if initial_state is None else jnp.asarray(initial_state).astype(jnp.float32)
-    cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens)
-    d = _dims_of({"q": q, "v": v, "cu_seqlens": cu_seqlens})
-    s = Static(
-        make_plan(d, fp, "fwd"),
-        make_plan(d, bp, "bwd"),
-        float(d.dk**-0.5 if scale is None else scale),
-        bool(output_final_state),
-    )
-    o, final = _simple_chunk(s, q, k, v, g, h0, cu)
-    return o, (final if output_final_state else None)
+    args = (scale, initial_state, output_final_state, cu_seqlens, fwd_params, bwd_params)
+    return run_chunked(_simple_chunk, q, k, v, g, *args)

@@ -30,9 +30,16 @@ import jax.numpy as jnp
 import numpy as np
 
 from ejkernel.device import cdiv
-from ejkernel.kernels.params import coerce
 
-from ejkernel_triton._simple_chunk import Static, candidate_cfgs, chunked_vjp, default_plan, heuristic_cfg, make_plan
+from ejkernel_triton._simple_chunk import (
+    Static,
+    candidate_cfgs,
+    chunked_vjp,
+    default_plan,
+    heuristic_cfg,
+    make_plan,
+    run_chunked,
+)
 from ejkernel_triton.gla.chunk import (
     _BLOCK_ROWS,
     _DOT,
@@ -40,7 +47,6 @@ from ejkernel_triton.gla.chunk import (
     ChunkBwdParams,
     ChunkFwdParams,
     Plan,
-    _dims_of,
     _dots,
 )
 
@@ -310,18 +316,5 @@ def value_gla(
     ``initial_state [B or N, H, K, V]`` (any float dtype), ``cu_seqlens [N + 1]`` (``B == 1``); returns ``(o
     [B, T, H, V] in q's dtype, final state float32 or None)``. Differentiable in ``q``, ``k``, ``v``, ``gv`` and
     ``initial_state``."""
-    fp = coerce(ChunkFwdParams, fwd_params) or ChunkFwdParams()
-    bp = coerce(ChunkBwdParams, bwd_params) or ChunkBwdParams()
-    q, k, v = (jnp.asarray(x) for x in (q, k, v))
-    gv = jnp.asarray(gv).astype(jnp.float32)
-    h0 = None if initial_state is None else jnp.asarray(initial_state).astype(jnp.float32)
-    cu = None if cu_seqlens is None else jnp.asarray(cu_seqlens)
-    d = _dims_of({"q": q, "v": v, "cu_seqlens": cu_seqlens})
-    s = Static(
-        make_plan(d, fp, "fwd"),
-        make_plan(d, bp, "bwd"),
-        float(d.dk**-0.5 if scale is None else scale),
-        bool(output_final_state),
-    )
-    o, final = _value_chunk(s, q, k, v, gv, h0, cu)
-    return o, (final if output_final_state else None)
+    args = (scale, initial_state, output_final_state, cu_seqlens, fwd_params, bwd_params)
+    return run_chunked(_value_chunk, q, k, v, gv, *args)
