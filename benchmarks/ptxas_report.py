@@ -1,6 +1,7 @@
 """Registers, spills and shared memory of every Triton kernel of one chunked ``gla``, ``simple_gla`` (the scalar
-decay of ``lightning_attn`` and ``recurrent``), ``value_gla`` (``recurrent``'s value gate) or ``gated_delta_rule``
-forward + backward, as ptxas and Triton report them for sm_90, on a machine without a GPU.
+decay of ``lightning_attn`` and ``recurrent``), ``value_gla`` (``recurrent``'s value gate), ``keyed_value_gla``
+(``recurrent``'s key and value gates together) or ``gated_delta_rule`` forward + backward, as ptxas and Triton
+report them for sm_90, on a machine without a GPU.
 
 Each launch is compiled the way jax-triton would (``EJKERNEL_TRITON_COMPILE_ONLY=90``, see
 ``ejkernel_triton.launch``) and its PTX is assembled again by the ptxas that Triton itself uses, with ``-v``.
@@ -45,7 +46,7 @@ def _fields(items: list[str]) -> dict[str, int]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("op", choices=["gla", "simple_gla", "value_gla", "gated_delta_rule"])
+    ap.add_argument("op", choices=["gla", "simple_gla", "value_gla", "keyed_value_gla", "gated_delta_rule"])
     ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     ap.add_argument("--dims", default="128,128", help="K,V")
     ap.add_argument("--fwd", nargs="*", default=[], help="ChunkFwdParams fields, name=value")
@@ -104,6 +105,9 @@ def main() -> None:
     elif a.op == "value_gla":
         args = (z(b, t, h, dk), z(b, t, h, dk), z(b, t, h, dv), z(b, t, h, dv, d=jnp.float32))
         fn = lambda *x: value.value_gla(*x, output_final_state=True, fwd_params=fp, bwd_params=bp)  # noqa: E731
+    elif a.op == "keyed_value_gla":  # recurrent with a key and a value gate: both sides' log decays side by side
+        args = (z(b, t, h, dk), z(b, t, h, dk), z(b, t, h, dv), z(b, t, h, dk + dv, d=jnp.float32))
+        fn = lambda *x: value.keyed_value_gla(*x, output_final_state=True, fwd_params=fp, bwd_params=bp)  # noqa: E731
     else:
         f32 = jnp.float32
         args = (z(b, t, h, dk), z(b, t, h, dk), z(b, t, h, dv), z(b, t, h, d=f32), z(b, t, h, d=f32))

@@ -26,6 +26,10 @@ too when it cuts other chunks than the forward) and runs the rest):
   value head) and the gates' gradient ``dg``, chunk by chunk (:func:`chunk_dqk_inter` says how: no reverse
   cumulative sum over the whole sequence).
 
+``HAS_GV`` (:func:`chunk_state_fwd`, :func:`chunk_state_bwd`, :func:`chunk_dqk_inter`; off for ``gla``, where the
+branch compiles away): the state's columns decay too, by a second cumulative gate ``GV`` (``recurrent`` with a key
+and a value gate, ``ejkernel_triton._value_chunk``, whose kernels the rest of that path is).
+
 Numerical stability (log gates may be -100 per token): no exponent is ever positive. The intra-chunk pairs
 ``i > j`` are taken by blocks of ``BC = 16`` rows: a pair of two blocks splits ``exp(b_i - b_j) = exp(b_i - b_r)
 exp(b_r - b_j)`` at the first row ``r`` of the later block, both factors at most 1, so a pair of blocks is one
@@ -151,6 +155,16 @@ def state_at(X, i_s, i_hv, o_k, o_v, m_k, m_v, HV: tl.constexpr, DK: tl.constexp
 
 
 @triton.jit
+def exclusive_cumsum(x, N: tl.constexpr):
+    """``sum_{s < t} x_s`` along axis 0 of ``x [N, *]`` (float32, ``N >= 16``): a product with the strictly lower 0/1
+    matrix at float32 precision, not the inclusive sum minus ``x_t``, which rounds away the small sums before a
+    large ``x_t`` (the gates' gradients under strong gates: ``x_t`` is what row ``t`` passes to the chunk's state,
+    about 1 at the last row, its predecessors' much less)."""
+    o = tl.arange(0, N)
+    return tl.dot((o[None, :] < o[:, None]).to(tl.float32), x, input_precision="ieee")
+
+
+@triton.jit
 def level(o_t, n_rows, S):
     """Level ``S`` of the pairs ``i > j`` of a block (``o_t``: its rows, the first ``n_rows`` valid): rows in
     groups of ``2 S``, each group's reference row ``ref`` its ``S``-th; the level holds the pairs of one group with
@@ -198,6 +212,7 @@ def chunk_state_fwd(
     K_,
     V_,
     GC,
+    GV,
     H0,
     Cu,
     ChunkOff,
@@ -212,6 +227,7 @@ def chunk_state_fwd(
     BK: tl.constexpr,
     BV: tl.constexpr,
     HAS_H0: tl.constexpr,
+    HAS_GV: tl.constexpr,
     SPLIT: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
@@ -220,7 +236,10 @@ def chunk_state_fwd(
     """The state at each chunk's start (``Hs``) and after the last (``HT``), one ``[BK, BV]`` tile per program, in
     registers across the chunks. ``SPLIT``: the chunk's update keeps float32 accuracy (its float32 operand split,
     :func:`mm`), for a final state that is returned or states that feed float32 products; else one product (the
-    states then only feed dots that round them to ``DOT``). Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
+    states then only feed dots that round them to ``DOT``). ``HAS_GV``: the state's columns decay too, by the
+    cumulative gates ``GV [R, HV, DV]`` (``S <- diag(exp(b_L)) S diag(exp(c_L)) + (k exp(b_L - b))^T (v exp(c_L -
+    c))``, ``c`` = ``GV``). Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
+    SPLIT_V: tl.constexpr = SPLIT and HAS_GV  # decayed values are not exact in DOT either
     NK: tl.constexpr = (DK + BK - 1) // BK
     NV: tl.constexpr = (DV + BV - 1) // BV
     i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the tiles of one sequence and head side by side
@@ -256,8 +275,13 @@ def chunk_state_fwd(
         b_gT = gate(GC, rows[None, :], o_k[:, None], m_kt, i_hv, HV, GK)  # [BK, BT]
         b_gl = gate(GC, start + n_rows - 1, o_k, m_k, i_hv, HV, GK)  # [BK], the chunk's total decay
         b_v = raw(V_, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_hv, HV, DV, EMU)  # [BT, BV]
+        if HAS_GV:
+            b_cl = gate(GV, start + n_rows - 1, o_v, m_v, i_hv, HV, DV)  # [BV]
+            b_c = gate(GV, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_hv, HV, DV)  # [BT, BV]
+            b_v = b_v.to(tl.float32) * tl.exp(b_cl[None, :] - b_c)
+            b_h = b_h * tl.exp(b_cl)[None, :]
         b_h = b_h * tl.exp(b_gl)[:, None]
-        b_h = mm(b_kT * tl.exp(b_gl[:, None] - b_gT), b_v, b_h, SPLIT, 0, DOT, EMU, PREC)
+        b_h = mm(b_kT * tl.exp(b_gl[:, None] - b_gT), b_v, b_h, SPLIT, SPLIT_V, DOT, EMU, PREC)
     tl.store(HT + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_h, mask=m_h)
 
 
@@ -465,6 +489,7 @@ def chunk_state_bwd(
     Q,
     DO,
     GC,
+    GV,
     DHT,
     Cu,
     ChunkOff,
@@ -480,12 +505,15 @@ def chunk_state_bwd(
     BK: tl.constexpr,
     BV: tl.constexpr,
     HAS_DHT: tl.constexpr,
+    HAS_GV: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
 ):
     """The gradient of the state, chunks in reverse: ``DHE`` at each chunk's end, ``DH0`` before the first
-    (the final state's cotangent ``DHT`` for an empty sequence). Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
+    (the final state's cotangent ``DHT`` for an empty sequence). ``HAS_GV``: the columns decay too (``GV``, as
+    :func:`chunk_state_fwd`'s): ``dS <- diag(exp(b_L)) dS diag(exp(c_L)) + scale (q exp(b))^T (do exp(c))``. Grid
+    ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
     NK: tl.constexpr = (DK + BK - 1) // BK
     NV: tl.constexpr = (DV + BV - 1) // BV
     i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the tiles of one sequence and head side by side
@@ -522,8 +550,13 @@ def chunk_state_bwd(
         b_gT = gate(GC, rows[None, :], o_k[:, None], m_kt, i_hv, HV, GK)
         b_gl = gate(GC, start + n_rows - 1, o_k, m_k, i_hv, HV, GK)  # [BK]
         b_do = raw(DO, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_hv, HV, DV, EMU)  # [BT, BV]
+        if HAS_GV:
+            b_cl = gate(GV, start + n_rows - 1, o_v, m_v, i_hv, HV, DV)  # [BV]
+            b_c = gate(GV, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_hv, HV, DV)  # [BT, BV]
+            b_do = b_do.to(tl.float32) * tl.exp(b_c)
+            b_dh = b_dh * tl.exp(b_cl)[None, :]
         b_dh = b_dh * tl.exp(b_gl)[:, None]
-        b_dh = mm(b_qT * (tl.exp(b_gT) * scale), b_do, b_dh, 1, 0, DOT, EMU, PREC)
+        b_dh = mm(b_qT * (tl.exp(b_gT) * scale), b_do, b_dh, 1, HAS_GV, DOT, EMU, PREC)
     tl.store(DH0 + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_dh, mask=m_h)
 
 
@@ -723,6 +756,7 @@ def chunk_dqk_inter(
     K_,
     V_,
     GC,
+    GV,
     DO,
     Hs,
     DHE,
@@ -744,6 +778,7 @@ def chunk_dqk_inter(
     BT: tl.constexpr,
     BK: tl.constexpr,
     BV: tl.constexpr,
+    HAS_GV: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
@@ -757,7 +792,11 @@ def chunk_dqk_inter(
     two terms are what ``g_t`` does through the state at the chunk's end: summed forward, they are not the small
     difference of large terms that a reverse cumulative sum of ``q dq - k dk`` over the whole sequence would take
     with strong gates. The pairs ``i == j`` of the intra-chunk scores (not in ``dq_intra``/``dk_intra``) cancel
-    in ``dg`` exactly: they are added to ``dq`` and ``dk`` only. Grid ``(NT * cdiv(DK, BK), HV)``."""
+    in ``dg`` exactly: they are added to ``dq`` and ``dk`` only. ``HAS_GV`` (the value-gated recurrence with a key
+    gate, ``ejkernel_triton._value_chunk``): the states' columns decay by the cumulative gates ``c = GV [R, HV,
+    DV]`` too, so ``do`` reads ``do exp(c)``, ``v`` reads ``v exp(c_L - c)`` and ``exp(b_L) sum_v h dhe`` weighs
+    each column by ``exp(c_L)``; ``Hs``, ``DHE`` are then stored transposed, ``[NT, HV, DV, DK]`` (that path's
+    layout). Grid ``(NT * cdiv(DK, BK), HV)``."""
     NK: tl.constexpr = (DK + BK - 1) // BK
     i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the key blocks of one chunk side by side (shared reads)
     i_t = i_p // NK
@@ -780,11 +819,22 @@ def chunk_dqk_inter(
         m_tv = m_t[:, None] & m_v[None, :]
         b_do = raw(DO, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)  # [BT, BV]
         b_v = raw(V_, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV, EMU)
-        b_hT = state_at(Hs, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)  # [BV, BK]
-        b_dheT = state_at(DHE, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)
-        b_dq = mm(b_do, b_hT, b_dq, 0, 1, DOT, EMU, PREC)
-        b_dk = mm(b_v, b_dheT, b_dk, 0, 1, DOT, EMU, PREC)
-        b_hdh += tl.sum(b_hT * b_dheT, axis=0)
+        if HAS_GV:
+            b_c = gate(GV, rows[:, None], o_v[None, :], m_tv, i_hv, HV, DV)  # [BT, BV]
+            b_cl = gate(GV, bos + n_rows - 1, o_v, m_v & (o_v * 0 < n_rows), i_hv, HV, DV)  # [BV]
+            b_do = b_do.to(tl.float32) * tl.exp(b_c)
+            b_v = b_v.to(tl.float32) * tl.exp(b_cl[None, :] - b_c)
+            b_hT = state_at(Hs, i_t, i_hv, o_v[:, None], o_k[None, :], m_v[:, None], m_k[None, :], HV, DV, DK)
+            b_dheT = state_at(DHE, i_t, i_hv, o_v[:, None], o_k[None, :], m_v[:, None], m_k[None, :], HV, DV, DK)
+        else:  # [BV, BK] tiles of the [DK, DV] states
+            b_hT = state_at(Hs, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)
+            b_dheT = state_at(DHE, i_t, i_hv, o_k[None, :], o_v[:, None], m_k[None, :], m_v[:, None], HV, DK, DV)
+        b_dq = mm(b_do, b_hT, b_dq, HAS_GV, 1, DOT, EMU, PREC)
+        b_dk = mm(b_v, b_dheT, b_dk, HAS_GV, 1, DOT, EMU, PREC)
+        if HAS_GV:
+            b_hdh += tl.sum(b_hT * b_dheT * tl.exp(b_cl)[:, None], axis=0)
+        else:
+            b_hdh += tl.sum(b_hT * b_dheT, axis=0)
     b_g = gate(GC, rows[:, None], o_k[None, :], m_tk, i_hv, HV, GK)  # [BT, BK]
     b_gl = gate(GC, bos + n_rows - 1, o_k, m_k & (o_k * 0 < n_rows), i_hv, HV, GK)  # [BK]
     p_x = (rows[:, None] * HV + i_hv) * DK + o_k[None, :]
@@ -795,7 +845,10 @@ def chunk_dqk_inter(
     b_k = tile(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)
     b_u = b_q * b_dq - b_k * b_dki
     b_w = b_k * b_dk
-    b_dg = tl.cumsum(b_u, axis=0, reverse=True) + (tl.cumsum(b_w, axis=0) - b_w)
+    if HAS_GV:
+        b_dg = tl.cumsum(b_u, axis=0, reverse=True) + exclusive_cumsum(b_w, BT)
+    else:
+        b_dg = tl.cumsum(b_u, axis=0, reverse=True) + (tl.cumsum(b_w, axis=0) - b_w)
     b_dg += (tl.exp(b_gl) * b_hdh)[None, :]
     tl.store(DG + p_x, b_dg, mask=m_tk)
     b_dd = tl.load(DA + ((i_t.to(tl.int64) * HV + i_hv) * BT + o_t) * BT + o_t)[:, None]  # dA_ii, [BT, 1]

@@ -246,7 +246,9 @@ def delta_states(
         b_uc = b_u - _dot(b_w, b_h, None, DOT, EMU, PREC)  # U' = u - w S
         tl.store(UC + (rows[:, None] * HV + i_hv) * DV + o_v[None, :], b_uc.to(UC.dtype.element_ty), mask=m_tv)
         b_b = _scalar_col(B, rows, m_t, i_hv, HV)
-        b_bl = tl.sum(tl.where(o_t == n_rows - 1, b_b, 0.0), axis=0)  # the chunk's total log decay
+        # the chunk's total log decay: its last row's, one scalar load (not a reduction over the tile, whose
+        # cross-warp exchange sat on the sequential walk's every step)
+        b_bl = tl.load(B + (start + n_rows - 1) * HV + i_hv).to(tl.float32)
         b_kT = _raw(K_, rows[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU)  # [BK, BT]
         b_uc = b_uc * tl.exp(tl.where(m_t, b_bl - b_b, 0.0))[:, None]
         b_h = _dot(b_kT, b_uc, b_h * tl.exp(b_bl), DOT, EMU, PREC)
@@ -385,7 +387,7 @@ def delta_state_bwd(
         m_kt = m_k[:, None] & m_t[None, :]
         causal_t = (o_t[None, :] >= o_t[:, None]) & m_t[None, :]
         b_b = _scalar_col(B, rows, m_t, i_hv, HV)
-        b_bl = tl.sum(tl.where(o_t == n_rows - 1, b_b, 0.0), axis=0)
+        b_bl = tl.load(B + (start + n_rows - 1) * HV + i_hv).to(tl.float32)  # as in delta_states
         b_k = _raw(K_, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK, EMU)  # [BT, BK]
         b_qT = _raw(Q, rows[None, :], o_k[:, None], m_kt, i_h, H, DK, EMU)  # [BK, BT]
         b_wT = _raw(W, rows[None, :], o_k[:, None], m_kt, i_hv, HV, DK, EMU)  # [BK, BT]

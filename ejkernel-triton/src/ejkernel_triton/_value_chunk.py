@@ -1,6 +1,8 @@
 """Chunked linear attention with one log decay per token, head and value channel (``value_gla``): the kernels of
 ``ejkernel_triton._value_chunk_kernels``, forward and backward. ``recurrent`` with a value gate ``g_v`` (and no key
-gate) runs on it, with ``gv = g + g_v``.
+gate) runs on it, with ``gv = g + g_v``; with a key gate too, on ``keyed_value_gla``: these kernels with the key
+side's log decays ``g + g_k`` added (``[B, T, H, K + V]``: both sides' side by side), the chunked ``gla``'s
+intra-chunk scores and ``dq``/``dk`` kernels taking that side (see ``ejkernel_triton._value_chunk_kernels``).
 
 Shapes: ``q``, ``k [B, T, H, K]``, ``v [B, T, H, V]``, ``gv [B, T, H, V]`` (log decay, ``<= 0``), states ``[B or
 N, H, K, V]``, ``cu_seqlens [N + 1]`` (``B == 1``). Per sequence and head: ``S_t = S_{t-1} diag(exp(gv_t)) +
@@ -14,7 +16,10 @@ float32 accuracy), the state's gradient (the reverse pass), each chunk's pair ma
 ``D`` (the decayed ``do v^T``) once, ``dv`` with the decay's gradient from ``A`` (chunk-local: no reverse
 cumulative sum over the sequence), then ``dq``/``dk`` per chunk and key tile from ``D``. Memory: the chunk states
 and their gradients, ``2 (T / C) H K V`` float32 per batch row, the cumulative decays ``T H V`` float32 and the
-pair matrices ``2 T C H`` float32.
+pair matrices ``2 T C H`` float32 (with a key gate: ``T H (K + V)`` cumulative decays, and the forward keeps its
+``T C H`` float32 scores until the output is made). ptxas for sm_90 at K = V = 128, bfloat16, default plans
+(``benchmarks/ptxas_report.py keyed_value_gla``, 2026-12-05): ``chunk_dqk_inter`` spills 1244 bytes and
+``value_dv`` 100 (at 255 registers; float32 inputs 1856 and 152); not yet timed or tuned on a GPU.
 
 Launch parameters and plans: ``ejkernel_triton._simple_chunk``'s (:class:`ChunkFwdParams`/:class:`ChunkBwdParams`
 of ``ejkernel_triton.gla.chunk``); chunks are multiples of the kernels' 16-row blocks. Dots as ``simple_gla``'s.
@@ -23,6 +28,7 @@ Importing this module does not import Triton.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import jax
@@ -40,6 +46,7 @@ from ejkernel_triton._simple_chunk import (
     make_plan,
     run_chunked,
 )
+from ejkernel_triton.gla import chunk as gla_chunk
 from ejkernel_triton.gla.chunk import (
     _BLOCK_ROWS,
     _DOT,
@@ -50,7 +57,7 @@ from ejkernel_triton.gla.chunk import (
     _dots,
 )
 
-__all__ = ["Plan", "candidate_cfgs", "default_plan", "heuristic_cfg", "make_plan", "value_gla"]
+__all__ = ["Plan", "candidate_cfgs", "default_plan", "heuristic_cfg", "keyed_value_gla", "make_plan", "value_gla"]
 
 
 def _cumulative(plan: Plan, tab: Any, gv: jax.Array) -> jax.Array:
@@ -80,10 +87,12 @@ def _cumulative(plan: Plan, tab: Any, gv: jax.Array) -> jax.Array:
 
 
 def _states(plan: Plan, tab: Any, k: jax.Array, v: jax.Array, b: jax.Array, h0: jax.Array | None, *, exact: bool,
-            hs_dtype: Any) -> tuple[jax.Array, jax.Array]:  # fmt: skip
+            hs_dtype: Any, gc: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:  # fmt: skip
     """``(h^T [NT, H, V, K] in hs_dtype, final state [N, H, K, V] float32)``; ``exact``: float32 accuracy. The
     transposed state ``S^T <- diag(exp(b_L)) S^T + (v exp(b_L - b))^T k`` is the chunked ``gla``'s key-decayed
-    state with keys and values swapped: its kernel runs it."""
+    state with keys and values swapped: its kernel runs it. ``gc [R, H, K]``: a key side's cumulative gates too
+    (the kernel's column gate: ``S^T <- diag(exp(b_L)) S^T diag(exp(gc_L)) + (v exp(b_L - b))^T (k exp(gc_L -
+    gc))``)."""
     from ejkernel_triton import _chunk_kernels as kern
     from ejkernel_triton import launch
 
@@ -94,6 +103,7 @@ def _states(plan: Plan, tab: Any, k: jax.Array, v: jax.Array, b: jax.Array, h0: 
         v,
         k,
         b,
+        jnp.asarray(_DUMMY_F32) if gc is None else gc,
         jnp.asarray(_DUMMY_F32) if h0 is None else jnp.swapaxes(h0, -1, -2),
         tab.cu,
         tab.off,
@@ -114,27 +124,40 @@ def _states(plan: Plan, tab: Any, k: jax.Array, v: jax.Array, b: jax.Array, h0: 
         BK=plan.state_v,
         BV=plan.state_k,
         HAS_H0=h0 is not None,
+        HAS_GV=gc is not None,
         SPLIT=exact,
         **_dots(k.dtype),
     )
     return hs, jnp.swapaxes(ht, -1, -2)
 
 
+def _split(plan: Plan, tab: Any, g: jax.Array, dk: int, keyed: bool) -> tuple[jax.Array, jax.Array | None]:
+    """``(b [R, H, V], a [R, H, K] or None)``: the value side's cumulative gates and, ``keyed``, the key side's,
+    from ``g`` (``[R, H, V]``, keyed ``[R, H, K + V]``: the key side's gates first), one launch for both."""
+    c = _cumulative(plan, tab, g)
+    return (c[..., dk:], c[..., :dk]) if keyed else (c, None)
+
+
 def _forward_rows(
-    s: Static, tab: Any, q: jax.Array, k: jax.Array, v: jax.Array, gv: jax.Array, h0: jax.Array | None
+    s: Static, tab: Any, q: jax.Array, k: jax.Array, v: jax.Array, g: jax.Array, h0: jax.Array | None, *, keyed: bool
 ) -> tuple[jax.Array, jax.Array]:
-    """``(o [R, H, V], final state [N, H, K, V])`` of token rows laid out by the chunk table ``tab``."""
+    """``(o [R, H, V], final state [N, H, K, V])`` of token rows laid out by the chunk table ``tab`` (``g``: see
+    :func:`_split`)."""
     from ejkernel_triton import _value_chunk_kernels as kern
     from ejkernel_triton import launch
 
     plan = s.fwd
     _, h, dk = q.shape
     dv = v.shape[2]
-    b = _cumulative(plan, tab, gv)
+    b, gc = _split(plan, tab, g, dk, keyed)
     # the chunk states only feed the output's dots: stored as those round them, of float32 accuracy only for a
     # final state that is returned
     operand = jnp.bfloat16 if _DOT[np.dtype(q.dtype).name] == "bf16" else jnp.float32
-    hs, ht = _states(plan, tab, k, v, b, h0, exact=s.output_final_state, hs_dtype=operand)
+    hs, ht = _states(plan, tab, k, v, b, h0, exact=s.output_final_state, hs_dtype=operand, gc=gc)
+    # with a key gate, the scores are the key-decayed ones of the chunked gla (float32: the output's diagonal
+    # blocks take them element-wise, not through a dot that would round them)
+    a = None if gc is None else gla_chunk._scores(plan, tab, q, k, gc, h, s.scale, jnp.float32)
+    dummy = jnp.asarray(_DUMMY_F32)
     (o,) = launch.launch(
         kern.value_output,
         q,
@@ -142,6 +165,8 @@ def _forward_rows(
         v,
         b,
         hs,
+        dummy if gc is None else gc,
+        dummy if a is None else a,
         tab.cu,
         tab.seq,
         tab.off,
@@ -159,6 +184,7 @@ def _forward_rows(
         BK=plan.block_k,
         BV=plan.block_v,
         BC=_BLOCK_ROWS,
+        HAS_GK=keyed,
         **_dots(q.dtype),
     )
     return o, ht
@@ -170,12 +196,16 @@ def _backward_rows(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
-    gv: jax.Array,
+    g: jax.Array,
     h0: jax.Array | None,
     do: jax.Array,
     dht: jax.Array | None,
+    *,
+    keyed: bool,
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
-    """``(dq, dk, dv (inputs' dtype), dgv [R, H, V] float32, dh0 [N, H, K, V] float32)``."""
+    """``(dq, dk, dv (inputs' dtype), dg (``g``'s shape, :func:`_split`) float32, dh0 [N, H, K, V] float32)``.
+    With a key gate (``keyed``) the scores and ``dq``/``dk`` with the key gate's gradient are the chunked
+    ``gla``'s kernels' (``ejkernel_triton.gla.chunk._scores``, ``_dqk``), fed the value side's decays."""
     from ejkernel_triton import _chunk_kernels as chunk_kernels
     from ejkernel_triton import _value_chunk_kernels as kern
     from ejkernel_triton import launch
@@ -184,8 +214,9 @@ def _backward_rows(
     _, h, dk = q.shape
     dv = v.shape[2]
     f32 = jnp.float32
-    b = _cumulative(plan, tab, gv)
-    hs, _ = _states(plan, tab, k, v, b, h0, exact=True, hs_dtype=f32)
+    dummy = jnp.asarray(_DUMMY_F32)
+    b, gc = _split(plan, tab, g, dk, keyed)
+    hs, _ = _states(plan, tab, k, v, b, h0, exact=True, hs_dtype=f32, gc=gc)
     common: dict[str, Any] = {
         "num_warps": plan.num_warps,
         "num_stages": plan.num_stages,
@@ -202,7 +233,8 @@ def _backward_rows(
         do,
         q,
         b,
-        jnp.asarray(_DUMMY_F32) if dht is None else jnp.swapaxes(dht, -1, -2),
+        dummy if gc is None else gc,
+        dummy if dht is None else jnp.swapaxes(dht, -1, -2),
         tab.cu,
         tab.off,
         float(s.scale),
@@ -217,10 +249,12 @@ def _backward_rows(
         BK=plan.state_v,
         BV=plan.state_k,
         HAS_DHT=dht is not None,
+        HAS_GV=gc is not None,
         **{**common, "DK": dv, "DV": dk},
     )
     blocks: dict[str, Any] = {"BK": plan.block_k, "BV": plan.block_v, "BC": _BLOCK_ROWS}
     pairs = jax.ShapeDtypeStruct((tab.nt, h, plan.chunk, plan.chunk), f32)
+    # keyed: the key-decayed scores come from the gla's kernels (value_pairs then writes only D, times scale)
     a_, d_ = launch.launch(
         kern.value_pairs,
         q,
@@ -232,19 +266,23 @@ def _backward_rows(
         tab.seq,
         tab.off,
         float(s.scale),
-        out_shape=(pairs, pairs),
+        out_shape=(jax.ShapeDtypeStruct((1,), f32) if keyed else pairs, pairs),
         grid=(tab.nt, h),
         zeroed_outputs=(1,),  # D is written block by block, its upper blocks not at all
         name="ejkernel_value_gla_pairs",
+        HAS_GK=keyed,
         **blocks,
         **common,
     )
+    if gc is not None:
+        a_ = gla_chunk._scores(plan, tab, q, k, gc, h, s.scale, f32)
     dv_, dgu, dgw = launch.launch(
         kern.value_dv,
         q,
         k,
         v,
         b,
+        dummy if gc is None else gc,
         do,
         hs,
         dhe,
@@ -261,9 +299,13 @@ def _backward_rows(
         grid=(tab.nt * cdiv(dv, plan.block_v), h),
         zeroed_outputs=(0, 1, 2),  # tokens outside every sequence get no gradient
         name="ejkernel_value_gla_dv",
+        HAS_GK=keyed,
         **blocks,
         **common,
     )
+    if gc is not None:  # the scores' gradient is scale D (value_pairs)
+        dq, dk_, dgk = gla_chunk._dqk(plan, tab, q, k, v, gc, do, hs, dhe, d_, s.scale, gv=b)
+        return dq, dk_, dv_, jnp.concatenate([dgk, dgu + dgw], axis=-1), jnp.swapaxes(dh0, -1, -2)
     dq, dk_ = launch.launch(
         kern.value_dqk,
         q,
@@ -293,7 +335,10 @@ def _backward_rows(
 # ------------------------------------------------------------------------------------------------
 
 
-_value_chunk = chunked_vjp(_forward_rows, _backward_rows)
+_value_chunk = chunked_vjp(
+    functools.partial(_forward_rows, keyed=False), functools.partial(_backward_rows, keyed=False)
+)
+_keyed_chunk = chunked_vjp(functools.partial(_forward_rows, keyed=True), functools.partial(_backward_rows, keyed=True))
 
 
 def value_gla(
@@ -318,3 +363,27 @@ def value_gla(
     ``initial_state``."""
     args = (scale, initial_state, output_final_state, cu_seqlens, fwd_params, bwd_params)
     return run_chunked(_value_chunk, q, k, v, gv, *args)
+
+
+def keyed_value_gla(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    gates: jax.Array,
+    *,
+    scale: float | None = None,
+    initial_state: jax.Array | None = None,
+    output_final_state: bool = False,
+    cu_seqlens: jax.Array | None = None,
+    fwd_params: ChunkFwdParams | None = None,
+    bwd_params: ChunkBwdParams | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """Linear attention whose state decays on both sides, ``S_t = diag(exp(a_t)) S_{t-1} diag(exp(b_t)) + k_t^T
+    v_t``, ``o_t = scale q_t S_t``, by the chunked Triton kernels: :func:`value_gla`'s with the key side's decays
+    (and the chunked ``gla``'s intra-chunk scores and ``dq``/``dk`` kernels).
+
+    Shapes: ``q``, ``k [B, T, H, K]``, ``v [B, T, H, V]``, ``gates [B, T, H, K + V]``: the log decays ``a`` (key
+    side, the first ``K`` channels) and ``b`` (value side) side by side, any float dtype (taken as float32); the
+    rest as :func:`value_gla`'s. Differentiable in ``q``, ``k``, ``v``, ``gates`` and ``initial_state``."""
+    args = (scale, initial_state, output_final_state, cu_seqlens, fwd_params, bwd_params)
+    return run_chunked(_keyed_chunk, q, k, v, gates, *args)

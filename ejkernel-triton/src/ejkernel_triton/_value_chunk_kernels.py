@@ -34,11 +34,21 @@ with ``q`` and ``do`` swapped; so the states ``h``, ``dhe`` are ``[NT, H, DV, DK
 * :func:`value_dqk`: ``dq = scale (D @ k + ...)``, ``dk = scale D^T @ q + ...`` per (chunk, key tile), reading
   ``D``.
 
+With a key gate too (``HAS_GK``; ``recurrent`` with ``g_k`` and ``g_v``, ``S_t = diag(exp(a_t)) S_{t-1}
+diag(exp(gv_t)) + k_t^T v_t``, ``a`` the key side's cumulative gates ``GC [R, H, DK]``): the key side's decays are
+what the chunked ``gla``'s kernels apply, so its kernels take that side: ``A`` becomes its key-decayed scores
+``A_ij = scale sum_c q_ic k_jc exp(a_ic - a_jc)`` (``chunk_intra_diag``/``chunk_intra_offdiag``, float32), read by
+:func:`value_output` and :func:`value_dv` in place of ``scale q k^T`` (the value side's ``exp(b_i - b_j)`` goes on
+as before: the two factor apart); ``q @ h`` reads ``q exp(a)``, ``k @ dhe`` reads ``k exp(a_L - a)``, and the
+state passes decay the key side too (their ``HAS_GV``, the transposed state's columns). :func:`value_pairs` then
+writes only ``scale D``, the scores' gradient, and ``dq``, ``dk`` with the key gate's gradient are the chunked
+``gla``'s ``chunk_dqk_intra`` and ``chunk_dqk_inter`` (with its ``HAS_GV``), not :func:`value_dqk`.
+
 Layouts as ``ejkernel_triton._simple_chunk_kernels``' (``q``, ``k [R, H, DK]``; ``v``, ``do``, ``b [R, H, DV]``;
 the chunk table ``Cu``, ``ChunkOff``, ``ChunkSeq``), the states transposed (``[NT, H, DV, DK]``). Dots
 (:func:`mm`): operands in ``DOT``, float32 accumulation; products that feed the float32 results (the states,
-``dgv``) split their float32 operands (``SA``/``SB``). Dot results are never transposed (Triton 3.6 on Hopper miscompiles ``tl.trans``
-of one): transposed operands (``A^T``, ``D^T`` too) are loaded transposed.
+``dgv``) split their float32 operands (``SA``/``SB``). Dot results are never transposed (Triton 3.6 on Hopper
+miscompiles ``tl.trans`` of one): transposed operands (``A^T``, ``D^T`` too) are loaded transposed.
 """
 
 from __future__ import annotations
@@ -47,7 +57,7 @@ import triton
 import triton.language as tl
 
 from ejkernel_triton import launch as _launch  # noqa: F401  (the interpreter switch, before any @triton.jit)
-from ejkernel_triton._chunk_kernels import chunk_span, mm, raw, state_at, tile
+from ejkernel_triton._chunk_kernels import chunk_span, exclusive_cumsum, gate, mm, raw, state_at, tile
 
 # ------------------------------------------------------------------------------------------------
 # Helpers.
@@ -175,6 +185,15 @@ def cross_pairs(X, Y, B, rows_x, rows_y, m_x, m_y, ref, bos, n_rows, i_h, H: tl.
     return acc
 
 
+@triton.jit
+def key_factors(GC, rows, o_k, m_tk, bos, n_rows, m_k, i_h, H: tl.constexpr, DK: tl.constexpr):
+    """``(exp(a), exp(a_L - a))`` (``[len(rows), BK]``), the factors of ``q`` and ``k`` for a key gate with the
+    value gate, ``a`` the key side's cumulative gates ``GC [R, H, DK]`` (masked rows read 0: exponents <= 0)."""
+    b_a = gate(GC, rows[:, None], o_k[None, :], m_tk, i_h, H, DK)
+    b_al = gate(GC, bos + n_rows - 1, o_k, m_k & (o_k * 0 < n_rows), i_h, H, DK)  # [BK]
+    return tl.exp(b_a), tl.exp(b_al[None, :] - b_a)
+
+
 # ------------------------------------------------------------------------------------------------
 # Per chunk.
 # ------------------------------------------------------------------------------------------------
@@ -187,6 +206,8 @@ def value_output(
     V_,
     B,
     Hs,
+    GC,
+    A,
     Cu,
     ChunkSeq,
     ChunkOff,
@@ -199,6 +220,7 @@ def value_output(
     BK: tl.constexpr,
     BV: tl.constexpr,
     BC: tl.constexpr,
+    HAS_GK: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
@@ -208,7 +230,9 @@ def value_output(
         o_I = scale (exp(b_I) * (q_I @ h) + exp(b_I - b_r) * sum_{J < I} (q_I @ k_J^T) @ (v_J exp(b_r - b_J))
                      + the pairs inside I)
 
-    Grid ``(NT * cdiv(DV, BV), H)``."""
+    ``HAS_GK`` (a key gate too): ``q`` reads ``q exp(a)`` (``a = GC [R, H, DK]``, the key side's cumulative gates)
+    and the scores ``scale q_I @ k_J^T`` are the key-decayed ones of the chunked ``gla``'s intra kernels, read
+    from ``A [NT, H, BT, BT]`` (scale included). Grid ``(NT * cdiv(DV, BV), H)``."""
     NV: tl.constexpr = (DV + BV - 1) // BV
     i_p, i_h = tl.program_id(0), tl.program_id(1)
     i_t = i_p // NV
@@ -218,6 +242,7 @@ def value_output(
     o_v = i_v * BV + tl.arange(0, BV)
     m_v = o_v < DV
     b_l = chunk_total(B, bos, n_rows, o_v, m_v, i_h, H, DV)
+    base = (i_t.to(tl.int64) * H + i_h) * (BT * BT)  # this chunk's scores in A (HAS_GK)
     for i_b in range(tl.cdiv(n_rows, BC)):
         r0 = i_b * BC
         rows = bos + r0 + o_c
@@ -228,22 +253,35 @@ def value_output(
         for i_k in range(tl.cdiv(DK, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < DK
-            b_q = raw(Q, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK, EMU)
+            m_tk = m_t[:, None] & m_k[None, :]
+            b_q = raw(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
+            if HAS_GK:
+                b_q = b_q.to(tl.float32) * tl.exp(gate(GC, rows[:, None], o_k[None, :], m_tk, i_h, H, DK))
             b_h = state_at(Hs, i_t, i_h, o_v[None, :], o_k[:, None], m_v[None, :], m_k[:, None], H, DV, DK)
             b_qh = mm(b_q, b_h, b_qh, 0, 0, DOT, EMU, PREC)
+        o_scale = scale
+        if HAS_GK:  # the scores read from A carry the scale: only the state's term takes it here
+            b_qh = b_qh * scale
+            o_scale = 1.0
         b_x = tl.zeros([BC, BV], dtype=tl.float32)
         for j_b in range(i_b):
             rows_j = bos + j_b * BC + o_c
             m_j = o_c >= 0
-            b_a = scores(Q, K_, rows, rows_j, m_t, m_j, i_h, H, DK, BK, BC, DOT, EMU, PREC)
+            if HAS_GK:
+                b_a = tl.load(A + base + (r0 + o_c)[:, None] * BT + (j_b * BC + o_c)[None, :]).to(tl.float32)
+            else:
+                b_a = scores(Q, K_, rows, rows_j, m_t, m_j, i_h, H, DK, BK, BC, DOT, EMU, PREC)
             b_j = gates(B, rows_j, o_v, m_j, m_v, b_l, i_h, H, DV, False)
             b_vj = tile(V_, rows_j[:, None], o_v[None, :], m_j[:, None] & m_v[None, :], i_h, H, DV)
             b_x = mm(b_a, b_vj * tl.exp(b_r[None, :] - b_j), b_x, 0, 0, DOT, EMU, PREC)
-        b_a = scores(Q, K_, rows, rows, m_t, m_t, i_h, H, DK, BK, BC, DOT, EMU, PREC)
+        if HAS_GK:
+            b_a = tl.load(A + base + (r0 + o_c)[:, None] * BT + (r0 + o_c)[None, :]).to(tl.float32)
+        else:
+            b_a = scores(Q, K_, rows, rows, m_t, m_t, i_h, H, DK, BK, BC, DOT, EMU, PREC)
         b_o = tl.exp(b) * b_qh + tl.exp(b - b_r[None, :]) * b_x
         b_o += diag_rows(b_a, V_, B, bos, r0, n_rows, b, b_l, o_v, m_v, i_h, H, DV, BC, False, True)
         m_tv = m_t[:, None] & m_v[None, :]
-        tl.store(O + (rows[:, None] * H + i_h) * DV + o_v[None, :], (b_o * scale).to(O.dtype.element_ty), mask=m_tv)
+        tl.store(O + (rows[:, None] * H + i_h) * DV + o_v[None, :], (b_o * o_scale).to(O.dtype.element_ty), mask=m_tv)
 
 
 @triton.jit
@@ -252,6 +290,7 @@ def value_dv(
     K_,
     V_,
     B,
+    GC,
     DO,
     Hs,
     DHE,
@@ -270,6 +309,7 @@ def value_dv(
     BK: tl.constexpr,
     BV: tl.constexpr,
     BC: tl.constexpr,
+    HAS_GK: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
@@ -290,7 +330,10 @@ def value_dv(
     (``u``: what ``b_t`` does to the chunk's outputs, ``w``: what ``b_L - b_t`` does to the state it passes on).
     The pairs ``i == j`` give ``do_i o_i`` and ``v_i dv_i`` the same term, which cancels exactly: left out (its
     rounding would swamp the crossing pairs' terms under strong decay). ``DGU`` gets the first sum (this reverse
-    pass), ``DGW`` the rest (a second, forward pass). Grid ``(NT * cdiv(DV, BV), H)``."""
+    pass), ``DGW`` the rest (a second, forward pass). ``HAS_GK`` (a key gate too; ``a = GC [R, H, DK]`` its
+    cumulative gates, ``A`` the key-decayed scores of the chunked ``gla``'s intra kernels): ``q`` reads ``q
+    exp(a)``, ``k`` reads ``k exp(a_L - a)`` and ``sum_k h * dhe`` weighs each key row by ``exp(a_L)`` (the
+    state's decay is ``diag(exp(a_L)) S diag(exp(b_L))``). Grid ``(NT * cdiv(DV, BV), H)``."""
     NV: tl.constexpr = (DV + BV - 1) // BV
     i_p, i_h = tl.program_id(0), tl.program_id(1)
     i_t = i_p // NV
@@ -320,10 +363,14 @@ def value_dv(
             m_tk = m_t[:, None] & m_k[None, :]
             b_q = raw(Q, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
             b_k = raw(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
+            if HAS_GK:
+                e_q, e_k = key_factors(GC, rows, o_k, m_tk, bos, n_rows, m_k, i_h, H, DK)
+                b_q = b_q.to(tl.float32) * e_q
+                b_k = b_k.to(tl.float32) * e_k
             b_h = state_at(Hs, i_t, i_h, o_v[None, :], o_k[:, None], m_v[None, :], m_k[:, None], H, DV, DK)
             b_dhe = state_at(DHE, i_t, i_h, o_v[None, :], o_k[:, None], m_v[None, :], m_k[:, None], H, DV, DK)
-            b_qh = mm(b_q, b_h, b_qh, 0, 1, DOT, EMU, PREC)
-            b_kd = mm(b_k, b_dhe, b_kd, 0, 1, DOT, EMU, PREC)
+            b_qh = mm(b_q, b_h, b_qh, HAS_GK, 1, DOT, EMU, PREC)
+            b_kd = mm(b_k, b_dhe, b_kd, HAS_GK, 1, DOT, EMU, PREC)
         b_x = tl.zeros([BC, BV], dtype=tl.float32)  # the output's earlier blocks, at r
         for j_b in range(i_b):
             rows_j = bos + j_b * BC + o_c
@@ -366,6 +413,9 @@ def value_dv(
         m_k = o_k < DK
         b_h = state_at(Hs, i_t, i_h, o_v[None, :], o_k[:, None], m_v[None, :], m_k[:, None], H, DV, DK)
         b_dhe = state_at(DHE, i_t, i_h, o_v[None, :], o_k[:, None], m_v[None, :], m_k[:, None], H, DV, DK)
+        if HAS_GK:
+            b_al = gate(GC, bos + n_rows - 1, o_k, m_k & (o_k * 0 < n_rows), i_h, H, DK)  # [BK]
+            b_h = b_h * tl.exp(b_al)[:, None]
         b_hd += tl.sum(b_h * b_dhe, axis=0)
     b_sw = tl.exp(b_l) * b_hd
     for i_b in range(n_b):
@@ -378,14 +428,20 @@ def value_dv(
         for i_k in range(tl.cdiv(DK, BK)):
             o_k = i_k * BK + tl.arange(0, BK)
             m_k = o_k < DK
-            b_k = raw(K_, rows[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK, EMU)
+            m_tk = m_t[:, None] & m_k[None, :]
+            b_k = raw(K_, rows[:, None], o_k[None, :], m_tk, i_h, H, DK, EMU)
+            if HAS_GK:
+                e_q, e_k = key_factors(GC, rows, o_k, m_tk, bos, n_rows, m_k, i_h, H, DK)
+                b_k = b_k.to(tl.float32) * e_k
             b_dhe = state_at(DHE, i_t, i_h, o_v[None, :], o_k[:, None], m_v[None, :], m_k[:, None], H, DV, DK)
-            b_kd = mm(b_k, b_dhe, b_kd, 0, 1, DOT, EMU, PREC)
+            b_kd = mm(b_k, b_dhe, b_kd, HAS_GK, 1, DOT, EMU, PREC)
         b_v = tile(V_, rows[:, None], o_v[None, :], m_tv, i_h, H, DV)
         b_w = tl.where(m_tv, b_v * tl.exp(b_l[None, :] - b) * b_kd, 0.0)
-        tl.store(
-            DGW + (rows[:, None] * H + i_h) * DV + o_v[None, :], tl.cumsum(b_w, axis=0) - b_w + b_sw[None, :], mask=m_tv
-        )
+        if HAS_GK:
+            b_ws = exclusive_cumsum(b_w, BC)
+        else:
+            b_ws = tl.cumsum(b_w, axis=0) - b_w
+        tl.store(DGW + (rows[:, None] * H + i_h) * DV + o_v[None, :], b_ws + b_sw[None, :], mask=m_tv)
         b_sw += tl.sum(b_w, axis=0)
 
 
@@ -409,6 +465,7 @@ def value_pairs(
     BK: tl.constexpr,
     BV: tl.constexpr,
     BC: tl.constexpr,
+    HAS_GK: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
@@ -419,21 +476,24 @@ def value_pairs(
         D_ij = sum_c do_ic v_jc exp(b_ic - b_jc)   (j <= i; :func:`cross_pairs` for blocks apart, :func:`diag_pairs`
                                                     inside one, over all value tiles)
 
-    ``D`` is written block by block (its buffer zeroed). Grid ``(NT, H)``."""
+    ``D`` is written block by block (its buffer zeroed). ``HAS_GK`` (a key gate too: the scores are the chunked
+    ``gla``'s, computed apart): ``A`` is not written, and ``D`` is stored times ``scale``, the scores' gradient
+    ``dA`` that ``ejkernel_triton._chunk_kernels.chunk_dqk_intra`` reads. Grid ``(NT, H)``."""
     i_t, i_h = tl.program_id(0), tl.program_id(1)
     _, bos, n_rows = chunk_span(Cu, ChunkSeq, ChunkOff, i_t, BT)
     base = (i_t.to(tl.int64) * H + i_h) * (BT * BT)
-    o_t = tl.arange(0, BT)
-    m_t = o_t < n_rows
-    b_a = tl.zeros([BT, BT], dtype=tl.float32)
-    for i_k in range(tl.cdiv(DK, BK)):
-        o_k = i_k * BK + tl.arange(0, BK)
-        m_k = o_k < DK
-        b_q = raw(Q, (bos + o_t)[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK, EMU)
-        b_kT = raw(K_, (bos + o_t)[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU)
-        b_a = mm(b_q, b_kT, b_a, 0, 0, DOT, EMU, PREC)
-    b_a = tl.where(o_t[:, None] >= o_t[None, :], b_a * scale, 0.0)
-    tl.store(A + base + o_t[:, None] * BT + o_t[None, :], b_a)
+    if not HAS_GK:
+        o_t = tl.arange(0, BT)
+        m_t = o_t < n_rows
+        b_a = tl.zeros([BT, BT], dtype=tl.float32)
+        for i_k in range(tl.cdiv(DK, BK)):
+            o_k = i_k * BK + tl.arange(0, BK)
+            m_k = o_k < DK
+            b_q = raw(Q, (bos + o_t)[:, None], o_k[None, :], m_t[:, None] & m_k[None, :], i_h, H, DK, EMU)
+            b_kT = raw(K_, (bos + o_t)[None, :], o_k[:, None], m_k[:, None] & m_t[None, :], i_h, H, DK, EMU)
+            b_a = mm(b_q, b_kT, b_a, 0, 0, DOT, EMU, PREC)
+        b_a = tl.where(o_t[:, None] >= o_t[None, :], b_a * scale, 0.0)
+        tl.store(A + base + o_t[:, None] * BT + o_t[None, :], b_a)
     o_c = tl.arange(0, BC)
     for i_b in range(tl.cdiv(n_rows, BC)):
         r0 = i_b * BC
@@ -445,8 +505,12 @@ def value_pairs(
             b_d = cross_pairs(
                 DO, V_, B, rows, rows_j, m_i, m_j, r0, bos, n_rows, i_h, H, DV, BV, BC, True, DOT, EMU, PREC
             )
+            if HAS_GK:
+                b_d = b_d * scale
             tl.store(D + base + (r0 + o_c)[:, None] * BT + (j_b * BC + o_c)[None, :], b_d)
         b_d = diag_pairs(DO, V_, B, bos, r0, n_rows, rows, m_i, i_h, H, DV, BV, BC, False)
+        if HAS_GK:
+            b_d = b_d * scale
         tl.store(D + base + (r0 + o_c)[:, None] * BT + (r0 + o_c)[None, :], b_d)
 
 

@@ -391,6 +391,7 @@ def _states(
         k,
         v,
         gc,
+        jnp.asarray(_DUMMY_F32),  # no value gate
         jnp.asarray(_DUMMY_F32) if h0 is None else h0,
         tab.cu,
         tab.off,
@@ -411,6 +412,7 @@ def _states(
         BK=plan.state_k,
         BV=plan.state_v,
         HAS_H0=h0 is not None,
+        HAS_GV=False,
         SPLIT=split,
         **_dots(k.dtype),
     )
@@ -432,6 +434,7 @@ def _dstates(
         q,
         do,
         gc,
+        jnp.asarray(_DUMMY_F32),  # no value gate
         jnp.asarray(_DUMMY_F32) if dht is None else dht,
         tab.cu,
         tab.off,
@@ -453,6 +456,7 @@ def _dstates(
         BK=plan.state_k,
         BV=plan.state_v,
         HAS_DHT=dht is not None,
+        HAS_GV=False,
         **_dots(q.dtype),
     )
 
@@ -484,8 +488,7 @@ def _prologue(
     from ejkernel_triton import _chunk_kernels as kern
     from ejkernel_triton import launch
 
-    _, h, dk = q.shape
-    hv = v.shape[1]
+    dk, hv = q.shape[2], v.shape[1]
     if gc is None:
         (gc,) = launch.launch(
             kern.chunk_gate_cumsum,
@@ -504,14 +507,26 @@ def _prologue(
             BK=plan.block_k,
         )
     hs, ht = _states(plan, tab, k, v, gc, h0, hs_dtype, split)
-    if a is not None:
-        return gc, hs, ht, a
+    if a is None:
+        a = _scores(plan, tab, q, k, gc, hv, s.scale, _operand_dtype(q.dtype))
+    return gc, hs, ht, a
+
+
+def _scores(
+    plan: Plan, tab: _Table, q: jax.Array, k: jax.Array, gc: jax.Array, hv: int, scale: float, dtype: Any
+) -> jax.Array:
+    """The intra-chunk scores ``A [NT, HV, C, C]`` in ``dtype`` (scale included, zeros above the diagonal) from the
+    cumulative gates ``gc [R, HV, K]``: ``chunk_intra_diag``, then ``chunk_intra_offdiag`` into the same array."""
+    from ejkernel_triton import _chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    _, h, dk = q.shape
     dots = _dots(q.dtype)
     blocks = _block_launch(plan, dots["DOT"], "attn")
     nc = plan.chunk // blocks["BC"]
     sizes = {"H": h, "HV": hv, "DK": dk, "GK": dk, "BT": plan.chunk, "BC": blocks["BC"]}
-    args = (q, k, gc, tab.cu, tab.seq, tab.off, float(s.scale))
-    out = jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), _operand_dtype(q.dtype))
+    args = (q, k, gc, tab.cu, tab.seq, tab.off, float(scale))
+    out = jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), dtype)
     (a,) = launch.launch(
         kern.chunk_intra_diag,
         *args,
@@ -537,7 +552,7 @@ def _prologue(
         **sizes,
         **dots,
     )
-    return gc, hs, ht, a
+    return a
 
 
 def _rows(x: jax.Array) -> jax.Array:
@@ -612,7 +627,7 @@ def _backward_rows(
 
     plan = s.bwd
     _, h, dk = q.shape
-    r, hv, dv = v.shape
+    hv, dv = v.shape[1], v.shape[2]
     gc, hs, _, a = _prologue(s, plan, tab, q, k, v, g, h0, a=a, gc=gc)
     common: dict[str, Any] = {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
     sizes: dict[str, Any] = {"HV": hv, "BT": plan.chunk, **_dots(q.dtype)}
@@ -657,6 +672,36 @@ def _backward_rows(
         **sizes,
         **common,
     )
+    dq, dk_, dg = _dqk(plan, tab, q, k, v, gc, do, hs, dhe, da, s.scale)
+    return dq, dk_, dv_, dg, dh0
+
+
+def _dqk(
+    plan: Plan,
+    tab: _Table,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    gc: jax.Array,
+    do: jax.Array,
+    hs: jax.Array,
+    dhe: jax.Array,
+    da: jax.Array,
+    scale: float,
+    gv: jax.Array | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(dq, dk [R, HV, K] per value head (float32 when grouped, else q's dtype), dg [R, HV, K] float32)`` from
+    the scores' gradient ``da [NT, HV, C, C]``, the states ``hs`` and their gradients ``dhe`` (``chunk_dqk_intra``,
+    then ``chunk_dqk_inter``). ``gv``: the value side's cumulative gates ``[R, HV, V]`` of a recurrence that decays
+    both sides (the states then stored transposed, ``[NT, HV, V, K]``: ``ejkernel_triton._value_chunk``)."""
+    from ejkernel_triton import _chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    r, h, dk = q.shape
+    hv, dv = v.shape[1], v.shape[2]
+    f32 = jnp.float32
+    common: dict[str, Any] = {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
+    sizes: dict[str, Any] = {"HV": hv, "BT": plan.chunk, **_dots(q.dtype)}
     per_head = jax.ShapeDtypeStruct((r, hv, dk), f32)
     # key tiles of at most 32 for float32 dots (three tf32 passes), as timed (_block_launch)
     dot = _DOT[np.dtype(q.dtype).name]
@@ -687,6 +732,7 @@ def _backward_rows(
         k,
         v,
         gc,
+        jnp.asarray(_DUMMY_F32) if gv is None else gv,
         do,
         hs,
         dhe,
@@ -696,7 +742,7 @@ def _backward_rows(
         tab.cu,
         tab.seq,
         tab.off,
-        float(s.scale),
+        float(scale),
         # dq, dk in q's dtype unless grouped value heads sum them afterwards (in float32)
         out_shape=(per_head if hv != h else jax.ShapeDtypeStruct((r, hv, dk), q.dtype),) * 2 + (per_head,),
         grid=(tab.nt * cdiv(dk, plan.block_k), hv),
@@ -708,10 +754,11 @@ def _backward_rows(
         GK=dk,
         BK=plan.block_k,
         BV=plan.block_v,
+        HAS_GV=gv is not None,
         **sizes,
         **common,
     )
-    return dq, dk_, dv_, dg, dh0
+    return dq, dk_, dg
 
 
 # ------------------------------------------------------------------------------------------------

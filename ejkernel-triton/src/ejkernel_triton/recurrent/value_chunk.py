@@ -7,8 +7,9 @@ Registered apart from ``triton_chunk`` (as ``triton_value_chunk``), above XLA on
 took 1.38 ms against XLA's 2.73, forward + backward 6.90 against 8.43 (the backward builds each chunk's pair matrices
 once, ``value_pairs``; before that it took 11.17 against 8.24).
 
-Declined (``supports``): calls without a value gate (``triton_chunk``'s), a key gate with it (no kernel decays both
-sides of the state), what the chunked ``gla`` declines, and decode steps on a GPU (``decode_reason``). Launch
+Declined (``supports``): calls without a value gate (``triton_chunk``'s), a key gate with it (also
+``triton_chunk``'s: ``recurrent.chunk`` runs these kernels with the key side's decays added), what the chunked
+``gla`` declines, and decode steps on a GPU (``decode_reason``). Launch
 parameters: :class:`~ejkernel_triton.gla.chunk.ChunkFwdParams`, :class:`~ejkernel_triton.gla.chunk.ChunkBwdParams`
 (``simple_gla``'s heuristic and candidates). Importing this module does not import Triton.
 """
@@ -29,8 +30,8 @@ from ejkernel_triton.gla.chunk import ChunkBwdParams, ChunkFwdParams
 __all__ = ["candidate_cfgs", "heuristic_cfg", "recurrent", "supports"]
 
 _BOTH_GATES = (
-    "ejkernel-triton recurrent (value-gate chunks): a key gate g_k together with a value gate g_v is not supported "
-    "(the chunked kernels decay one side of the state)"
+    "ejkernel-triton recurrent (value-gate chunks): a key gate g_k together with a value gate g_v is triton_chunk's "
+    "(recurrent.chunk runs these kernels with the key side's decays too)"
 )
 
 
