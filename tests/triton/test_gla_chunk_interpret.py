@@ -261,3 +261,11 @@ def test_kernels_compile_for_sm90():
     env[launch.COMPILE_ONLY_ENV] = "90"
     run = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-4000:]
+
+
+def test_zero_fill_only_for_packed_tables():
+    """Outputs are zero-filled before a launch only where rows may lie outside every sequence (cu_seqlens): a dense
+    table's kernels write every row (the interpreter NaN-fills unzeroed outputs, so the dense conformance cases
+    check that), and a fill is a pass over the whole output on a GPU."""
+    assert chunk._chunk_table(2, 40, 16, None).zeroed(0, 1, 2) == ()
+    assert chunk._chunk_table(1, 40, 16, jnp.asarray([0, 8, 30], jnp.int32)).zeroed(0, 1, 2) == (0, 1, 2)

@@ -206,7 +206,7 @@ def _forward_rows(
         grid=(tab.nt * cdiv(dv, plan.block_v), h),
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
-        zeroed_outputs=(0,),  # tokens outside every sequence give zeros
+        zeroed_outputs=tab.zeroed(0),  # tokens outside every sequence give zeros
         name="ejkernel_simple_gla_output",
         H=h,
         DK=dk,
@@ -281,7 +281,7 @@ def _backward_rows(
         float(s.scale),
         out_shape=(jax.ShapeDtypeStruct(v.shape, v.dtype),),
         grid=(tab.nt * cdiv(dv, plan.block_v), h),
-        zeroed_outputs=(0,),
+        zeroed_outputs=tab.zeroed(0),
         name="ejkernel_simple_gla_dv",
         BK=plan.block_k,
         BV=plan.block_v,
@@ -307,7 +307,7 @@ def _backward_rows(
             jax.ShapeDtypeStruct((r, h, nk), f32),
         ),
         grid=(tab.nt * nk, h),
-        zeroed_outputs=(0, 1, 2),  # tokens outside every sequence get no gradient
+        zeroed_outputs=tab.zeroed(0, 1, 2),  # tokens outside every sequence get no gradient
         name="ejkernel_simple_gla_dqk",
         BK=plan.block_k,
         BV=plan.block_v,

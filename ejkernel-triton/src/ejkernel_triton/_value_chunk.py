@@ -76,7 +76,7 @@ def _cumulative(plan: Plan, tab: Any, gv: jax.Array) -> jax.Array:
         grid=(tab.nt, h, cdiv(dv, plan.block_v)),
         num_warps=plan.num_warps,
         num_stages=1,
-        zeroed_outputs=(0,),
+        zeroed_outputs=tab.zeroed(0),
         name="ejkernel_value_gla_cumsum",
         HV=h,
         GK=dv,
@@ -175,7 +175,7 @@ def _forward_rows(
         grid=(tab.nt * cdiv(dv, plan.block_v), h),
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
-        zeroed_outputs=(0,),  # tokens outside every sequence give zeros
+        zeroed_outputs=tab.zeroed(0),  # tokens outside every sequence give zeros
         name="ejkernel_value_gla_output",
         H=h,
         DK=dk,
@@ -297,7 +297,7 @@ def _backward_rows(
             jax.ShapeDtypeStruct(v.shape, f32),
         ),
         grid=(tab.nt * cdiv(dv, plan.block_v), h),
-        zeroed_outputs=(0, 1, 2),  # tokens outside every sequence get no gradient
+        zeroed_outputs=tab.zeroed(0, 1, 2),  # tokens outside every sequence get no gradient
         name="ejkernel_value_gla_dv",
         HAS_GK=keyed,
         **blocks,
@@ -322,7 +322,7 @@ def _backward_rows(
         float(s.scale),
         out_shape=(jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(k.shape, k.dtype)),
         grid=(tab.nt * cdiv(dk, plan.block_k), h),
-        zeroed_outputs=(0, 1),
+        zeroed_outputs=tab.zeroed(0, 1),
         name="ejkernel_value_gla_dqk",
         **blocks,
         **common,

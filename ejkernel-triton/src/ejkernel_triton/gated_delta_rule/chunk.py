@@ -356,7 +356,7 @@ def _forward_rows(s: Static, tab: Any, q, k, v, g, beta, h0, out_dtype):  # noqa
         float(s.scale),
         out_shape=(jax.ShapeDtypeStruct((r, hv, dv), out_dtype),),
         grid=(tab.nt * cdiv(dv, plan.block_v), hv),
-        zeroed_outputs=(0,),  # tokens outside every sequence give zeros
+        zeroed_outputs=tab.zeroed(0),  # tokens outside every sequence give zeros
         name="ejkernel_gdr_chunk_output",
         **{n: x for n, x in {**_launch_common(plan, h, hv, dk, dv), **_dots(v.dtype)}.items() if n != "TPREC"},
     )
@@ -424,7 +424,7 @@ def _backward_rows(s: Static, tab: Any, q, k, v, g, beta, h0, do, dht):  # noqa:
         float(s.scale),
         out_shape=(rows_k, rows_k, jax.ShapeDtypeStruct(v.shape, v.dtype), rows_1, rows_1),
         grid=(tab.nt, hv),
-        zeroed_outputs=(0, 1, 2, 3, 4),  # tokens outside every sequence get no gradient
+        zeroed_outputs=tab.zeroed(0, 1, 2, 3, 4),  # tokens outside every sequence get no gradient
         name="ejkernel_gdr_chunk_bwd_grads",
         **{**blocked, "BV": min(_BLOCK_VG, plan.block_v)},
     )
