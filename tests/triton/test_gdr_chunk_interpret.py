@@ -207,6 +207,8 @@ def test_candidates_supports_and_registration_below_xla_on_gpus():
         # chunks of 64 run the backward at 2 warps (fla saw its WY backward miscompiled on Hopper at 4)
         assert all(p.num_warps == 2 for p in cands if stage == "bwd" and p.chunk_size == 64)
     assert chunk._plan(128, 128, ChunkBwdParams(chunk_size=64)).num_warps == 2
+    plan = chunk._plan(128, 128, ChunkBwdParams(state_warps=8, state_stages=4))  # the state passes' own launch
+    assert (plan.state_warps, plan.state_stages, plan.num_warps) == (8, 4, 4)
     assert chunk.supports(inv) is None
     with pytest.raises(ValueError, match="block_k must be None or 128"):
         chunk.gated_delta_rule(*_inputs(1, 4, 1, 1, 128, 16)[0], fwd_params=ChunkFwdParams(block_k=64))

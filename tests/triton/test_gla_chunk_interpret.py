@@ -148,13 +148,19 @@ def test_plans_on_a_gpu(monkeypatch):
         (64, 32)
     ]
     for stage, base, n, key_tiles, value_tiles in (
-        ("fwd", fwd, 12, {64}, {32, 64, 128}),
-        ("bwd", bwd, 16, {32, 64}, {32, 64}),
+        ("fwd", fwd, 14, {64}, {32, 64, 128}),
+        ("bwd", bwd, 18, {32, 64}, {32, 64}),
     ):
         candidates = chunk._candidate_plans(d, stage)
         assert candidates[0] == base and len(candidates) == len(set(candidates)) == n
         assert {p.chunk for p in candidates} == {32, 64} and {p.block_v for p in candidates} == value_tiles
         assert {p.block_k for p in candidates} == key_tiles
+        assert {(p.state_warps, p.state_stages) for p in candidates} == {(8, 2), (4, 2), (8, 3)}
+    # the state passes' warps and stages are launch parameters of their own, validated, and kept by make_plan
+    plan = chunk.make_plan(d, chunk.ChunkFwdParams(state_warps=2, state_stages=4))
+    assert (plan.state_warps, plan.state_stages, plan.num_warps) == (2, 4, 8)
+    with pytest.raises(ValueError, match="state_warps must be a power of two from 1 to 16"):
+        chunk.ChunkBwdParams(state_warps=3)
     # small head dims: tiles of the padded dims; a requested tile larger than them is cut down
     d = chunk.Dims(20, 8)
     assert (chunk.default_plan(d).block_k, chunk.default_plan(d).block_v) == (32, 16)

@@ -170,10 +170,13 @@ def test_lightning_and_recurrent_route_to_the_scalar_kernels():
 
 def test_plans():
     d = simple.Dims(128, 128, 64)
-    assert simple.default_plan(d) == simple.Plan(64, 64, 64, 4, 2, 64, 64)
+    assert simple.default_plan(d) == simple.Plan(64, 64, 64, 4, 2, 64, 64, 4, 2)
     assert simple.default_plan(simple.Dims(128, 128, 4)).state_v == 32  # few states: smaller state tiles
     plan = simple.make_plan(simple.Dims(20, 8), ChunkBwdParams(block_k=128, chunk_size=16, num_warps=8), "bwd")
     assert (plan.chunk, plan.block_k, plan.block_v, plan.num_warps) == (16, 32, 16, 8)
+    assert (plan.state_warps, plan.state_stages) == (4, 2)  # the state passes keep their own launch
+    plan = simple.make_plan(d, ChunkFwdParams(state_warps=8, state_stages=3))
+    assert (plan.state_warps, plan.state_stages, plan.num_warps) == (8, 3, 4)
     for stage, cls in (("fwd", ChunkFwdParams), ("bwd", ChunkBwdParams)):  # the heuristic's params give its plan
         assert simple.make_plan(d, simple._params(cls, simple.default_plan(d, stage)), stage) == simple.default_plan(
             d, stage

@@ -76,7 +76,7 @@ def default_plan(d: Dims, stage: str = "fwd") -> Plan:
     thread); float32 inputs (three tf32 passes a product; not timed) spill 184 bytes in ``simple_output`` and
     ``simple_dv`` and 1712 in ``simple_dqk``."""
     sk, sv = _state_tile(d)
-    return Plan(_DEFAULT_CHUNK, min(_DEFAULT_BLOCK, _pow2(d.dk)), min(_DEFAULT_BLOCK, _pow2(d.dv)), 4, 2, sk, sv)
+    return Plan(_DEFAULT_CHUNK, min(_DEFAULT_BLOCK, _pow2(d.dk)), min(_DEFAULT_BLOCK, _pow2(d.dv)), 4, 2, sk, sv, 4, 2)
 
 
 def make_plan(d: Dims, p: ChunkFwdParams | ChunkBwdParams, stage: str = "fwd") -> Plan:
@@ -89,12 +89,15 @@ def make_plan(d: Dims, p: ChunkFwdParams | ChunkBwdParams, stage: str = "fwd") -
         block_v=min(p.block_v or base.block_v, _pow2(d.dv)),
         num_warps=p.num_warps or base.num_warps,
         num_stages=p.num_stages or base.num_stages,
+        state_warps=p.state_warps or base.state_warps,
+        state_stages=p.state_stages or base.state_stages,
     )
 
 
 def _candidate_plans(d: Dims, stage: str = "fwd") -> list[Plan]:
     """The default first; in the interpreter one other (chunks of 16), on a GPU chunks of 64 and 32, key and value
-    tiles of 64 and 128 channels, 4 or 8 warps (up to 16 plans)."""
+    tiles of 64 and 128 channels, 4 or 8 warps; then the default with the state passes at 8 warps, and at 3 stages
+    (up to 18 plans)."""
     base = default_plan(d, stage)
     if interpreting():
         return [base, dataclasses.replace(base, chunk=16)]
@@ -108,6 +111,8 @@ def _candidate_plans(d: Dims, stage: str = "fwd") -> list[Plan]:
                     )
                     if plan not in out:
                         out.append(plan)
+    out.append(dataclasses.replace(base, state_warps=8))
+    out.append(dataclasses.replace(base, state_stages=3))
     return out
 
 
@@ -161,8 +166,8 @@ def _states(plan: Plan, tab: Any, k: jax.Array, v: jax.Array, g: jax.Array, h0: 
             jax.ShapeDtypeStruct((tab.n, h, dk, dv), jnp.float32),
         ),
         grid=(tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), h),
-        num_warps=plan.num_warps,
-        num_stages=plan.num_stages,
+        num_warps=plan.state_warps,
+        num_stages=plan.state_stages,
         name="ejkernel_simple_gla_state_fwd",
         H=h,
         DK=dk,
@@ -266,7 +271,7 @@ def _backward_rows(
         BK=plan.state_k,
         BV=plan.state_v,
         HAS_DHT=dht is not None,
-        **common,
+        **{**common, "num_warps": plan.state_warps, "num_stages": plan.state_stages},
     )
     (dv_,) = launch.launch(
         kern.simple_dv,

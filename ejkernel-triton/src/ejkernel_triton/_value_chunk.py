@@ -112,8 +112,8 @@ def _states(plan: Plan, tab: Any, k: jax.Array, v: jax.Array, b: jax.Array, h0: 
             jax.ShapeDtypeStruct((tab.n, h, dv, dk), jnp.float32),
         ),
         grid=(tab.n * cdiv(dv, plan.state_v) * cdiv(dk, plan.state_k), h),
-        num_warps=plan.num_warps,
-        num_stages=plan.num_stages,
+        num_warps=plan.state_warps,
+        num_stages=plan.state_stages,
         name="ejkernel_value_gla_state_fwd",
         H=h,
         HV=h,
@@ -250,7 +250,7 @@ def _backward_rows(
         BV=plan.state_k,
         HAS_DHT=dht is not None,
         HAS_GV=gc is not None,
-        **{**common, "DK": dv, "DV": dk},
+        **{**common, "DK": dv, "DV": dk, "num_warps": plan.state_warps, "num_stages": plan.state_stages},
     )
     blocks: dict[str, Any] = {"BK": plan.block_k, "BV": plan.block_v, "BC": _BLOCK_ROWS}
     pairs = jax.ShapeDtypeStruct((tab.nt, h, plan.chunk, plan.chunk), f32)

@@ -172,14 +172,22 @@ def _plan(
         chunk, bv, stages = 16, _pow2(dv), 1
     chunk = p.chunk_size or chunk
     bv = min(p.block_v or bv, _pow2(dv))
-    state_v = bv
+    state_v, state_stages = bv, 0
     if not bwd and not wide and states is not None and states * cdiv(dv, bv) < gla_chunk._STATE_PROGRAMS:
         state_v = min(bv, 32)
-    return Plan(chunk, bv, p.num_warps or (2 if bwd and chunk == 64 else warps), p.num_stages or stages, state_v)
+    warps = p.num_warps or (2 if bwd and chunk == 64 else warps)
+    return Plan(chunk, bv, warps, p.num_stages or stages, state_v, p.state_warps or 0, p.state_stages or state_stages)
 
 
 def _params(cls: type[ChunkFwdParams] | type[ChunkBwdParams], plan: Plan) -> Any:
-    return cls(chunk_size=plan.chunk, block_v=plan.block_v, num_warps=plan.num_warps, num_stages=plan.num_stages)
+    return cls(
+        chunk_size=plan.chunk,
+        block_v=plan.block_v,
+        num_warps=plan.num_warps,
+        num_stages=plan.num_stages,
+        state_warps=plan.state_warps or None,
+        state_stages=plan.state_stages or None,
+    )
 
 
 def heuristic_cfg(inv: Any, stage: str = "fwd") -> ChunkFwdParams | ChunkBwdParams:
@@ -198,7 +206,8 @@ def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[
     GPU: after the heuristic's, only plans whose every kernel fits sm_90's shared memory for bfloat16 and float32
     inputs (ptxas_report, see :func:`_plan`): the forward's chunks of 64 with value blocks of 32 at 4 warps, 16 at 8, and
     chunks of 32 with value blocks of 32 at 4 or 8 warps; the backward's chunks of 32 with value blocks of 32 at 4
-    or 8 warps or 16 at 4, and chunks of 16 with value blocks of 16 at 8 warps."""
+    or 8 warps or 16 at 4, and chunks of 16 with value blocks of 16 at 8 warps. Key dims up to 128: last, the
+    heuristic's with its state passes at the other of 2 and 3 stages."""
     base = heuristic_cfg(inv, stage)
     out: list[Any] = [base]
     args = gla_chunk._arguments(inv)
@@ -206,13 +215,20 @@ def candidate_cfgs(inv: Any, stage: str = "fwd") -> list[ChunkFwdParams] | list[
     if stage != "fwd":
         others = ((32, 16, 4), (16, 32, 4), (32, 32, 8))
     cap = base.block_v
-    if int(args["q"].shape[-1]) > _WIDE_K and not interpreting():  # each fits sm_90's shared memory (_plan)
+    wide = int(args["q"].shape[-1]) > _WIDE_K and not interpreting()
+    if wide:  # each fits sm_90's shared memory (_plan)
         others = ((64, 32, 4), (32, 32, 8), (32, 32, 4), (64, 16, 8))
         if stage != "fwd":
             others = ((32, 32, 4), (32, 32, 8), (32, 16, 4), (16, 16, 8))
         cap = _pow2(int(args["v"].shape[-1]))
-    for chunk, bv, warps in others:
-        p = dataclasses.replace(base, chunk_size=chunk, block_v=min(bv, cap or bv), num_warps=warps)
+    candidates = [
+        dataclasses.replace(base, chunk_size=c, block_v=min(bv, cap or bv), num_warps=w) for c, bv, w in others
+    ]
+    if not wide:
+        candidates.append(
+            dataclasses.replace(base, state_stages=2 if (base.state_stages or base.num_stages) == 3 else 3)
+        )
+    for p in candidates:
         if p not in out:
             out.append(p)
     return out
@@ -401,7 +417,11 @@ def _backward_rows(s: Static, tab: Any, q, k, v, g, beta, h0, do, dht):  # noqa:
         BKC=bkc,
         # float32 operands at three tf32 passes: one stage (prefetching the next chunk's tiles made the state pass
         # spill 2 KB for sm_90, 1.3 KB at one stage); bfloat16 ones: the plan's (tiles prefetched into shared memory)
-        **{**common, "num_stages": 1 if common["DOT"] == "fp32" else plan.num_stages},
+        **{
+            **common,
+            "num_warps": plan.state_warps or plan.num_warps,
+            "num_stages": 1 if common["DOT"] == "fp32" else plan.state_stages or plan.num_stages,
+        },
     )
     rows_1 = jax.ShapeDtypeStruct((r, hv), f32)
     rows_k = jax.ShapeDtypeStruct((r, hv, dk), f32)

@@ -72,6 +72,8 @@ class _ChunkParams(MappedParams):
     block_v: int | None = None
     num_warps: int | None = None
     num_stages: int | None = None
+    state_warps: int | None = None
+    state_stages: int | None = None
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -80,6 +82,8 @@ class _ChunkParams(MappedParams):
         check_positive(self, "block_v", power_of_two=True, within=(16, _MAX_HEAD_DIM))
         check_positive(self, "num_warps", power_of_two=True, within=(1, 16))
         check_positive(self, "num_stages", within=(1, 8))
+        check_positive(self, "state_warps", power_of_two=True, within=(1, 16))
+        check_positive(self, "state_stages", within=(1, 8))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +94,10 @@ class ChunkFwdParams(_ChunkParams):
     chunk-parallel kernels (the sequential state passes take the heuristic's tiles, sized by the number of sequences
     and value heads), powers of two from 16 to 256, used up to the head dims rounded up to powers of two;
     ``num_warps`` (a power of two up to 16; not of ``chunk_intra_diag``, ``chunk_intra_offdiag`` and
-    ``chunk_dqk_intra``, whose small tiles take fewer), ``num_stages`` (1 to 8). None: the heuristic's. Generic
-    ``q_blocksize``/``num_warps``/``num_stages`` map to ``chunk_size``/``num_warps``/``num_stages``.
+    ``chunk_dqk_intra``, whose small tiles take fewer), ``num_stages`` (1 to 8); ``state_warps``/``state_stages``:
+    the same for the sequential state passes (one program per state tile walking every chunk: their own launch).
+    None: the heuristic's. Generic ``q_blocksize``/``num_warps``/``num_stages`` map to
+    ``chunk_size``/``num_warps``/``num_stages``.
 
     >>> ChunkFwdParams(chunk_size=48)
     Traceback (most recent call last):
@@ -209,8 +215,8 @@ def make_plan(d: Dims, p: _ChunkParams, stage: str = "fwd") -> Plan:
         num_stages=p.num_stages or base.num_stages,
         state_k=base.state_k,
         state_v=base.state_v,
-        state_warps=base.state_warps,
-        state_stages=base.state_stages,
+        state_warps=p.state_warps or base.state_warps,
+        state_stages=p.state_stages or base.state_stages,
     )
 
 
@@ -248,6 +254,8 @@ def _params(cls: type[_ChunkParams], plan: Plan) -> Any:
         block_v=plan.block_v,
         num_warps=plan.num_warps,
         num_stages=plan.num_stages,
+        state_warps=plan.state_warps,
+        state_stages=plan.state_stages,
     )
 
 
@@ -255,8 +263,8 @@ def _candidate_plans(d: Dims, stage: str = "fwd") -> list[Plan]:
     """The heuristic's plan first; in Triton's interpreter one other (chunks of 16), on a GPU chunks of 64 and 32
     with value tiles of 32 and 64 channels (and 128 for the forward: ``chunk_output`` then reads ``q`` and the
     gates once per chunk), key tiles of the heuristic's and 32 channels for the backward (32: about half the
-    registers of ``chunk_dqk_inter``, two programs per SM), 8 or 4 warps (12 plans at K = V = 128 for the forward,
-    16 for the backward)."""
+    registers of ``chunk_dqk_inter``, two programs per SM), 8 or 4 warps; then the heuristic's with the state passes
+    at the other of 4 and 8 warps, and at 3 stages (14 plans at K = V = 128 for the forward, 18 for the backward)."""
     base = default_plan(d, stage)
     if interpreting():
         return [base, dataclasses.replace(base, chunk=16)]
@@ -276,6 +284,8 @@ def _candidate_plans(d: Dims, stage: str = "fwd") -> list[Plan]:
                     )
                     if plan not in out:
                         out.append(plan)
+    out.append(dataclasses.replace(base, state_warps=4 if base.state_warps == 8 else 8))
+    out.append(dataclasses.replace(base, state_stages=3 if base.state_stages != 3 else 2))
     return out
 
 
