@@ -248,6 +248,8 @@ def test_candidates_supports_and_registration_below_xla_on_gpus():
         assert plan(128, ChunkFwdParams(block_v=64), states=32)[1::3] == (64, 32)
         assert plan(128, ChunkFwdParams(block_v=16), states=32)[1::3] == (16, 16)
         assert plan(128, ChunkBwdParams(), states=32)[1::3] == (32, 32)  # the backward's state pass: its block_v
+        narrowed = chunk._plan(128, 128, ChunkFwdParams(), jnp.bfloat16, 32)  # bfloat16: at 3 stages (timed)
+        assert (narrowed.state_stages, chunk._plan(128, 128, ChunkFwdParams(), jnp.float32, 32).state_stages) == (3, 0)
     gpu = {i.name: i.priority for i in kernel_registry.implementations("gated_delta_rule", backend="gpu")}
     if "xla" in gpu:
         assert gpu["xla"] < gpu["triton_chunk"] < gpu["triton"], gpu  # faster than XLA on the H200; decode: recurrent

@@ -147,6 +147,11 @@ def test_plans_on_a_gpu(monkeypatch):
     assert [chunk._state_tile(chunk.Dims(128, 128, n)) for n in (0, 32, 16, 2)] == [(128, 64), (64, 64), (64, 32)] + [
         (64, 32)
     ]
+    # the state passes' launch: 8 warps, 2 stages on 128 x 64 tiles, 4 warps and 3 stages on smaller ones
+    assert [
+        (p.state_warps, p.state_stages)
+        for p in map(chunk.default_plan, map(chunk.Dims, [128] * 3, [128] * 3, (64, 32, 16)))
+    ] == [(8, 2), (4, 3), (4, 3)]
     for stage, base, n, key_tiles, value_tiles in (
         ("fwd", fwd, 14, {64}, {32, 64, 128}),
         ("bwd", bwd, 18, {32, 64}, {32, 64}),

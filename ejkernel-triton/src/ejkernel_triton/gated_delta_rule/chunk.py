@@ -126,7 +126,9 @@ def _plan(
     ``benchmarks/results/2026-12-04-h200-gdr-fwd-bwd-B2T16384.log``). ``delta_prep`` and ``delta_output`` keep
     ``block_v``: narrower blocks only repeat their work (``delta_output`` computes a chunk's scores once per value
     block; under Nsight Compute at 32 it took 343 us against fla's 254,
-    ``benchmarks/results/2026-12-05-h200-gdr-B2T16384-ncu.log``).
+    ``benchmarks/results/2026-12-05-h200-gdr-B2T16384-ncu.log``). For bfloat16 inputs that narrowed state pass
+    takes 3 stages: forward 1.220 ms against 1.358 at 2 and 1.244 at 4 (B2 T16384, 4 warps, same run,
+    ``benchmarks/results/2026-12-06-h200-gdr-state-sweep.log``).
 
     Key dims above 128 (key tiles of 256 channels; on a GPU only), bfloat16 inputs: chunks of 32, value blocks of
     64, 4 warps, 2 stages, forward and backward. Checked and timed on the H200 (2026-12-04, B4 T4096 H16 K=V=256,
@@ -175,6 +177,8 @@ def _plan(
     state_v, state_stages = bv, 0
     if not bwd and not wide and states is not None and states * cdiv(dv, bv) < gla_chunk._STATE_PROGRAMS:
         state_v = min(bv, 32)
+        if jnp.dtype(dtype) == jnp.bfloat16 and not interpreting():
+            state_stages = 3  # forward 1.220 ms against 1.358 at 2 stages (the docstring)
     warps = p.num_warps or (2 if bwd and chunk == 64 else warps)
     return Plan(chunk, bv, warps, p.num_stages or stages, state_v, p.state_warps or 0, p.state_stages or state_stages)
 

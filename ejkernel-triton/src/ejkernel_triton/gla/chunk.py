@@ -188,7 +188,10 @@ def default_plan(d: Dims, stage: str = "fwd") -> Plan:
     the H200, and 1.84 against 1.89 in an earlier run, ``2026-12-04-h200-gla-chunk-{3,2}.log``; ptxas for sm_90: no
     spills, bfloat16 or float32), state passes' tiles by
     :func:`_state_tile` (128 x 64 at K = V = 128 with 64 or more sequences x value heads), 8 warps (but
-    :func:`_block_launch`'s), 2 stages. ptxas for sm_90 at K = V = 128 (``benchmarks/ptxas_report.py``): no kernel
+    :func:`_block_launch`'s), 2 stages. The state passes at 8 warps and 2 stages on 128 x 64 tiles, at 4 warps and
+    3 stages on smaller ones (B2 T16384 H16 K=V=128 on the H200, tile 64 x 64, forward / recomputed / backward
+    state pass: 0.459 / 0.593 / 0.596 ms against 0.646 / 0.755 / 0.754 at 8 warps and 2 stages; on 128 x 64 tiles 8
+    warps stayed the faster, 3 stages mixed; ``benchmarks/results/2026-12-06-h200-gla-state-sweep.log``). ptxas for sm_90 at K = V = 128 (``benchmarks/ptxas_report.py``): no kernel
     of either pass spills registers for bfloat16 inputs (``chunk_dqk_inter`` takes the most, 255 registers a
     thread; ``chunk_intra_diag`` 96 at 4 warps (212 at K = 256), ``chunk_intra_offdiag`` 179 at 1,
     ``chunk_dqk_intra`` 128 at 4); for float32 inputs ``chunk_dqk_inter`` spills 448 bytes (none at the backward's
@@ -198,7 +201,8 @@ def default_plan(d: Dims, stage: str = "fwd") -> Plan:
     bk = min(_DEFAULT_BLOCK, _pow2(d.dk))
     bv = min(2 * _DEFAULT_BLOCK if stage == "fwd" else _DEFAULT_BLOCK, _pow2(d.dv))
     sk, sv = _state_tile(d)
-    return Plan(_DEFAULT_CHUNK, bk, bv, 8, 2, sk, sv)
+    state_warps, state_stages = (8, 2) if sk * sv > _DEFAULT_BLOCK * _DEFAULT_BLOCK else (4, 3)
+    return Plan(_DEFAULT_CHUNK, bk, bv, 8, 2, sk, sv, state_warps, state_stages)
 
 
 def make_plan(d: Dims, p: _ChunkParams, stage: str = "fwd") -> Plan:
