@@ -11,6 +11,7 @@ compiles for sm_90.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -62,6 +63,16 @@ def _outputs_and_grads(fn, args, h0, **kw):
     return (*outs, *grads)
 
 
+def _pair_backward_walks(monkeypatch) -> list[int]:
+    """The backward's state walks paired (``Plan.paired_states``); the list gets one entry per paired launch."""
+    plan, pair, calls = chunk.default_plan, chunk._state_pair, []
+    monkeypatch.setattr(
+        chunk, "default_plan", lambda d, stage="fwd": dataclasses.replace(plan(d, stage), paired_states=stage == "bwd")
+    )
+    monkeypatch.setattr(chunk, "_state_pair", lambda *a: calls.append(1) or pair(*a))
+    return calls
+
+
 def _rel(got, want):
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     return float(np.linalg.norm(got - want) / np.linalg.norm(want))
@@ -82,6 +93,7 @@ def _rel(got, want):
     ids=["padded_split", "head_dim_256", "other_backward_chunks"],
 )
 def test_state_tiles_split_over_programs(dk, dv, params, bwd_chunk, monkeypatch):
+    paired = _pair_backward_walks(monkeypatch) if bwd_chunk is None else [1]  # the backward's walks in one launch
     if "block_k" in params:
         monkeypatch.setattr(chunk, "_state_tile", lambda d: (params["block_k"], params["block_v"]))
     args, h0 = _inputs(1, 40, 1, 2, dk, dv, seed=dk)
@@ -92,14 +104,17 @@ def test_state_tiles_split_over_programs(dk, dv, params, bwd_chunk, monkeypatch)
     for name, g, w in zip(("o", "final", "dq", "dk", "dv", "dg", "dh0"), got, want, strict=True):
         assert g.dtype == w.dtype, name
         assert _rel(g, w) < 1e-5, (name, _rel(g, w))
+    assert paired
 
 
+@pytest.mark.parametrize("paired", [False, True], ids=["two_walks", "paired_walks"])
 @pytest.mark.parametrize("gate_scale", [0.25, 30.0], ids=["gates", "strong_gates"])
-def test_packed_sequences_by_blocks(gate_scale):
+def test_packed_sequences_by_blocks(gate_scale, paired, monkeypatch):
     """Packed like the GPU checks, chunks of 64 cut in blocks of 16 rows (``chunk_intra_diag``,
     ``chunk_intra_offdiag``, ``chunk_dqk_intra``): a one-token sequence, sequences starting off any block boundary, an empty one, last chunks of 10 and 23 rows
     (partial blocks, blocks with no valid row), a whole chunk, tokens after the last; strong gates too (a block's
     reference row must be a valid row, else ``exp(-b)`` overflows into the scores and the gradients)."""
+    calls = _pair_backward_walks(monkeypatch) if paired else []  # the backward's walks in one launch (not yet default)
     cu = (0, 1, 75, 75, 226, 290)
     args, h0 = _inputs(1, 300, 1, 2, 32, 16, n=len(cu) - 1, seed=5, gate_scale=gate_scale)
     cu_ = jnp.asarray(cu, jnp.int32)
@@ -107,6 +122,7 @@ def test_packed_sequences_by_blocks(gate_scale):
     want = _outputs_and_grads(reference.gla, args, h0, cu_seqlens=cu_)
     for name, g, w in zip(("o", "final", "dq", "dk", "dv", "dg", "dh0"), got, want, strict=True):
         assert np.isfinite(np.asarray(g)).all() and _rel(g, w) < 1e-4, (name, _rel(g, w))
+    assert len(calls) == paired
 
 
 def test_vmap_folds_into_one_launch(monkeypatch):
@@ -244,8 +260,10 @@ def test_supports_and_registration_below_xla_on_gpus():
 
 
 _COMPILE_SCRIPT = textwrap.dedent("""
+    import dataclasses
     import jax, jax.numpy as jnp
     from ejkernel_triton import launch
+    from ejkernel_triton.gla import chunk
     from ejkernel_triton.gla.chunk import gla
     assert not launch.INTERPRET
 
@@ -261,6 +279,10 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 
     grads(4, 4096, 16, 16, 128, 128)  # a training shape, the heuristic's plans (bfloat16 dots)
     grads(1, 256, 2, 4, 128, 128, jnp.float32)  # float32 dots (three tf32 passes), grouped value heads
+    plan = chunk.default_plan  # the backward's state walks in one launch (chunk_state_pair)
+    chunk.default_plan = lambda d, stage="fwd": dataclasses.replace(plan(d, stage), paired_states=stage == "bwd")
+    grads(2, 16384, 16, 16, 128, 128)
+    grads(1, 256, 2, 4, 128, 128, jnp.float32)
     print("compiled")
 """)
 

@@ -20,6 +20,8 @@ too when it cuts other chunks than the forward) and runs the rest):
 * :func:`chunk_output`: ``o = scale (q * exp(b)) @ h + A @ v``;
 * :func:`chunk_state_bwd`: the reverse recurrence of the state's gradient; stores ``dhe``, the gradient of the
   state at each chunk's *end* (what the chunk's keys and values fed), and the initial state's gradient;
+* :func:`chunk_state_pair`: the backward's recompute of the states and :func:`chunk_state_bwd` in one launch (they
+  are independent), when the plan pairs them (``Plan.paired_states``; not yet the default: being checked on the H200);
 * :func:`chunk_attn_grad`: ``dA = scale do @ v^T`` below the diagonal;
 * :func:`chunk_dv`: ``dv = A^T @ do + (k * exp(b_L - b)) @ dhe``;
 * :func:`chunk_dqk_intra` (one program per ``BC`` rows and key tile), :func:`chunk_dqk_inter`: ``dq``, ``dk`` (per
@@ -208,7 +210,7 @@ def chunk_gate_cumsum(
 
 
 @triton.jit
-def chunk_state_fwd(
+def state_walk_fwd(
     K_,
     V_,
     GC,
@@ -218,6 +220,8 @@ def chunk_state_fwd(
     ChunkOff,
     Hs,
     HT,
+    i_p,
+    i_hv,
     H: tl.constexpr,
     HV: tl.constexpr,
     DK: tl.constexpr,
@@ -233,16 +237,15 @@ def chunk_state_fwd(
     DOT: tl.constexpr,
     EMU: tl.constexpr,
 ):
-    """The state at each chunk's start (``Hs``) and after the last (``HT``), one ``[BK, BV]`` tile per program, in
-    registers across the chunks. ``SPLIT``: the chunk's update keeps float32 accuracy (its float32 operand split,
-    :func:`mm`), for a final state that is returned or states that feed float32 products; else one product (the
-    states then only feed dots that round them to ``DOT``). ``HAS_GV``: the state's columns decay too, by the
-    cumulative gates ``GV [R, HV, DV]`` (``S <- diag(exp(b_L)) S diag(exp(c_L)) + (k exp(b_L - b))^T (v exp(c_L -
-    c))``, ``c`` = ``GV``). Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
+    """Program ``(i_p, i_hv)`` of :func:`chunk_state_fwd`: the state at each chunk's start (``Hs``) and after the
+    last (``HT``), one ``[BK, BV]`` tile, in registers across the chunks. ``SPLIT``: the chunk's update keeps float32
+    accuracy (its float32 operand split, :func:`mm`), for a final state that is returned or states that feed float32
+    products; else one product (the states then only feed dots that round them to ``DOT``). ``HAS_GV``: the state's
+    columns decay too, by the cumulative gates ``GV [R, HV, DV]`` (``S <- diag(exp(b_L)) S diag(exp(c_L)) + (k
+    exp(b_L - b))^T (v exp(c_L - c))``, ``c`` = ``GV``)."""
     SPLIT_V: tl.constexpr = SPLIT and HAS_GV  # decayed values are not exact in DOT either
     NK: tl.constexpr = (DK + BK - 1) // BK
     NV: tl.constexpr = (DV + BV - 1) // BV
-    i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the tiles of one sequence and head side by side
     i_n = i_p // (NK * NV)
     i_k = (i_p // NV) % NK
     i_v = i_p % NV
@@ -283,6 +286,63 @@ def chunk_state_fwd(
         b_h = b_h * tl.exp(b_gl)[:, None]
         b_h = mm(b_kT * tl.exp(b_gl[:, None] - b_gT), b_v, b_h, SPLIT, SPLIT_V, DOT, EMU, PREC)
     tl.store(HT + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_h, mask=m_h)
+
+
+@triton.jit
+def chunk_state_fwd(
+    K_,
+    V_,
+    GC,
+    GV,
+    H0,
+    Cu,
+    ChunkOff,
+    Hs,
+    HT,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    GK: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    HAS_GV: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """The state at each chunk's start (``Hs``) and after the last (``HT``), one ``[BK, BV]`` tile per program
+    (:func:`state_walk_fwd`). Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
+    state_walk_fwd(
+        K_,
+        V_,
+        GC,
+        GV,
+        H0,
+        Cu,
+        ChunkOff,
+        Hs,
+        HT,
+        tl.program_id(0),
+        tl.program_id(1),
+        H,
+        HV,
+        DK,
+        DV,
+        GK,
+        BT,
+        BK,
+        BV,
+        HAS_H0,
+        HAS_GV,
+        SPLIT,
+        PREC,
+        DOT,
+        EMU,
+    )
 
 
 @triton.jit
@@ -485,7 +545,7 @@ def chunk_output(
 
 
 @triton.jit
-def chunk_state_bwd(
+def state_walk_bwd(
     Q,
     DO,
     GC,
@@ -496,6 +556,8 @@ def chunk_state_bwd(
     scale,
     DHE,
     DH0,
+    i_p,
+    i_hv,
     H: tl.constexpr,
     HV: tl.constexpr,
     DK: tl.constexpr,
@@ -510,13 +572,12 @@ def chunk_state_bwd(
     DOT: tl.constexpr,
     EMU: tl.constexpr,
 ):
-    """The gradient of the state, chunks in reverse: ``DHE`` at each chunk's end, ``DH0`` before the first
-    (the final state's cotangent ``DHT`` for an empty sequence). ``HAS_GV``: the columns decay too (``GV``, as
-    :func:`chunk_state_fwd`'s): ``dS <- diag(exp(b_L)) dS diag(exp(c_L)) + scale (q exp(b))^T (do exp(c))``. Grid
-    ``(N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
+    """Program ``(i_p, i_hv)`` of :func:`chunk_state_bwd`: the gradient of the state, chunks in reverse: ``DHE`` at
+    each chunk's end, ``DH0`` before the first (the final state's cotangent ``DHT`` for an empty sequence).
+    ``HAS_GV``: the columns decay too (``GV``, as :func:`state_walk_fwd`'s): ``dS <- diag(exp(b_L)) dS diag(exp(c_L))
+    + scale (q exp(b))^T (do exp(c))``."""
     NK: tl.constexpr = (DK + BK - 1) // BK
     NV: tl.constexpr = (DV + BV - 1) // BV
-    i_p, i_hv = tl.program_id(0), tl.program_id(1)  # the tiles of one sequence and head side by side
     i_n = i_p // (NK * NV)
     i_k = (i_p // NV) % NK
     i_v = i_p % NV
@@ -558,6 +619,158 @@ def chunk_state_bwd(
         b_dh = b_dh * tl.exp(b_gl)[:, None]
         b_dh = mm(b_qT * (tl.exp(b_gT) * scale), b_do, b_dh, 1, HAS_GV, DOT, EMU, PREC)
     tl.store(DH0 + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_dh, mask=m_h)
+
+
+@triton.jit
+def chunk_state_bwd(
+    Q,
+    DO,
+    GC,
+    GV,
+    DHT,
+    Cu,
+    ChunkOff,
+    scale,
+    DHE,
+    DH0,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    GK: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_DHT: tl.constexpr,
+    HAS_GV: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """The gradient of the state, chunks in reverse (:func:`state_walk_bwd`). Grid ``(N * cdiv(DK, BK) * cdiv(DV,
+    BV), HV)``."""
+    state_walk_bwd(
+        Q,
+        DO,
+        GC,
+        GV,
+        DHT,
+        Cu,
+        ChunkOff,
+        scale,
+        DHE,
+        DH0,
+        tl.program_id(0),
+        tl.program_id(1),
+        H,
+        HV,
+        DK,
+        DV,
+        GK,
+        BT,
+        BK,
+        BV,
+        HAS_DHT,
+        HAS_GV,
+        PREC,
+        DOT,
+        EMU,
+    )
+
+
+@triton.jit
+def chunk_state_pair(
+    K_,
+    V_,
+    Q,
+    DO,
+    GC,
+    H0,
+    DHT,
+    Cu,
+    ChunkOff,
+    scale,
+    Hs,
+    HT,
+    DHE,
+    DH0,
+    H: tl.constexpr,
+    HV: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    GK: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    HAS_DHT: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """The backward's two state walks in one launch: :func:`chunk_state_fwd` (float32 states, ``SPLIT``) over the
+    first half of the grid's first axis and :func:`chunk_state_bwd` over the second, each program one tile of one of
+    them. They are independent (inputs only), and each program is a chain of dependent chunk steps, so two launches
+    of about one program per SM take the sum of two chains; one launch holds both chains on the SMs at once. No
+    value gate (``gla``). Grid ``(2 * N * cdiv(DK, BK) * cdiv(DV, BV), HV)``."""
+    half = tl.num_programs(0) // 2
+    i_p, i_hv = tl.program_id(0), tl.program_id(1)
+    if i_p < half:
+        state_walk_fwd(
+            K_,
+            V_,
+            GC,
+            GC,
+            H0,
+            Cu,
+            ChunkOff,
+            Hs,
+            HT,
+            i_p,
+            i_hv,
+            H,
+            HV,
+            DK,
+            DV,
+            GK,
+            BT,
+            BK,
+            BV,
+            HAS_H0,
+            False,
+            True,
+            PREC,
+            DOT,
+            EMU,
+        )
+    else:
+        state_walk_bwd(
+            Q,
+            DO,
+            GC,
+            GC,
+            DHT,
+            Cu,
+            ChunkOff,
+            scale,
+            DHE,
+            DH0,
+            i_p - half,
+            i_hv,
+            H,
+            HV,
+            DK,
+            DV,
+            GK,
+            BT,
+            BK,
+            BV,
+            HAS_DHT,
+            False,
+            PREC,
+            DOT,
+            EMU,
+        )
 
 
 @triton.jit

@@ -126,6 +126,9 @@ class Plan:
     state_v: int
     state_warps: int = 8
     state_stages: int = 2
+    # The backward's two state walks in one launch (_state_pair), two chains side by side on the SMs: not the
+    # default until the H200 has checked and timed it (benchmarks/gpucheck/gla_state_pair.py)
+    paired_states: bool = False
 
 
 class Dims(NamedTuple):
@@ -221,6 +224,7 @@ def make_plan(d: Dims, p: _ChunkParams, stage: str = "fwd") -> Plan:
         state_v=base.state_v,
         state_warps=p.state_warps or base.state_warps,
         state_stages=p.state_stages or base.state_stages,
+        paired_states=base.paired_states,
     )
 
 
@@ -482,10 +486,93 @@ def _dstates(
     )
 
 
+def _state_pair(
+    plan: Plan,
+    tab: _Table,
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    do: jax.Array,
+    gc: jax.Array,
+    h0: jax.Array | None,
+    dht: jax.Array | None,
+    scale: float,
+) -> Any:
+    """:func:`_states` (float32, split) and :func:`_dstates` in one launch (``chunk_state_pair``): ``(h, dh, dh0)``.
+    Each walk is a chain of dependent chunk steps with about one program per SM (128 programs of 64 x 64 tiles at B2
+    H16 K=V=128), so the two launches take the sum of two chains; one launch runs both chains side by side."""
+    from ejkernel_triton import _chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    _, h, dk = k.shape
+    hv, dv = v.shape[1], v.shape[2]
+    f32 = jnp.float32
+    hs, _, dhe, dh0 = launch.launch(
+        kern.chunk_state_pair,
+        k,
+        v,
+        q,
+        do,
+        gc,
+        jnp.asarray(_DUMMY_F32) if h0 is None else h0,
+        jnp.asarray(_DUMMY_F32) if dht is None else dht,
+        tab.cu,
+        tab.off,
+        float(scale),
+        out_shape=(
+            jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), f32),
+            jax.ShapeDtypeStruct((tab.n, hv, dk, dv), f32),
+            jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), f32),
+            jax.ShapeDtypeStruct((tab.n, hv, dk, dv), f32),
+        ),
+        grid=(2 * tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), hv),
+        num_warps=plan.state_warps,
+        num_stages=plan.state_stages,
+        name="ejkernel_gla_chunk_state_pair",
+        H=h,
+        HV=hv,
+        DK=dk,
+        DV=dv,
+        GK=dk,
+        BT=plan.chunk,
+        BK=plan.state_k,
+        BV=plan.state_v,
+        HAS_H0=h0 is not None,
+        HAS_DHT=dht is not None,
+        **_dots(k.dtype),
+    )
+    return hs, dhe, dh0
+
+
 def _operand_dtype(dtype: Any) -> Any:
     """The dtype that the dots round ``A`` and the forward's chunk states to for inputs of ``dtype``: storing them
     in it changes no result (bfloat16 for bfloat16 inputs, else float32)."""
     return jnp.bfloat16 if _DOT[np.dtype(dtype).name] == "bf16" else jnp.float32
+
+
+def _gate_cumsum(plan: Plan, tab: _Table, g: jax.Array, hv: int) -> jax.Array:
+    """The chunk-local cumulative gates ``[R, HV, K]`` float32."""
+    from ejkernel_triton import _chunk_kernels as kern
+    from ejkernel_triton import launch
+
+    dk = g.shape[2]
+    (gc,) = launch.launch(
+        kern.chunk_gate_cumsum,
+        g,
+        tab.cu,
+        tab.seq,
+        tab.off,
+        out_shape=(jax.ShapeDtypeStruct(g.shape, jnp.float32),),
+        grid=(tab.nt, hv, cdiv(dk, plan.block_k)),
+        num_warps=plan.num_warps,
+        num_stages=1,
+        name="ejkernel_gla_chunk_gate_cumsum",
+        HV=hv,
+        GK=dk,
+        BT=plan.chunk,
+        BK=plan.block_k,
+    )
+    return gc
 
 
 def _prologue(
@@ -506,27 +593,8 @@ def _prologue(
     """What the forward and the backward both need: the cumulative gates, the chunk states (in ``hs_dtype``; at
     float32 accuracy when ``split``), the final state and the intra-chunk scores ``A [NT, HV, C, C]`` (in
     :func:`_operand_dtype`; ``a`` and ``gc`` when given: the forward's, saved for the backward)."""
-    from ejkernel_triton import _chunk_kernels as kern
-    from ejkernel_triton import launch
-
-    dk, hv = q.shape[2], v.shape[1]
-    if gc is None:
-        (gc,) = launch.launch(
-            kern.chunk_gate_cumsum,
-            g,
-            tab.cu,
-            tab.seq,
-            tab.off,
-            out_shape=(jax.ShapeDtypeStruct(g.shape, jnp.float32),),
-            grid=(tab.nt, hv, cdiv(dk, plan.block_k)),
-            num_warps=plan.num_warps,
-            num_stages=1,
-            name="ejkernel_gla_chunk_gate_cumsum",
-            HV=hv,
-            GK=dk,
-            BT=plan.chunk,
-            BK=plan.block_k,
-        )
+    hv = v.shape[1]
+    gc = _gate_cumsum(plan, tab, g, hv) if gc is None else gc
     hs, ht = _states(plan, tab, k, v, gc, h0, hs_dtype, split)
     if a is None:
         a = _scores(plan, tab, q, k, gc, hv, s.scale, _operand_dtype(q.dtype))
@@ -649,11 +717,16 @@ def _backward_rows(
     plan = s.bwd
     _, h, dk = q.shape
     hv, dv = v.shape[1], v.shape[2]
-    gc, hs, _, a = _prologue(s, plan, tab, q, k, v, g, h0, a=a, gc=gc)
+    if plan.paired_states:
+        gc = _gate_cumsum(plan, tab, g, hv) if gc is None else gc
+        hs, dhe, dh0 = _state_pair(plan, tab, q, k, v, do, gc, h0, dht, s.scale)
+        a = _scores(plan, tab, q, k, gc, hv, s.scale, _operand_dtype(q.dtype)) if a is None else a
+    else:
+        gc, hs, _, a = _prologue(s, plan, tab, q, k, v, g, h0, a=a, gc=gc)
+        dhe, dh0 = _dstates(plan, tab, q, do, gc, dht, s.scale, hv)
     common: dict[str, Any] = {"num_warps": plan.num_warps, "num_stages": plan.num_stages}
     sizes: dict[str, Any] = {"HV": hv, "BT": plan.chunk, **_dots(q.dtype)}
     f32 = jnp.float32
-    dhe, dh0 = _dstates(plan, tab, q, do, gc, dht, s.scale, hv)
     (da,) = launch.launch(
         kern.chunk_attn_grad,
         do,

@@ -1,0 +1,108 @@
+"""GPU check (H200): the chunked Triton ``gla`` backward with its two state walks in one launch
+(``chunk_state_pair``, ``Plan.paired_states``) against two launches (``chunk_state_fwd`` recomputing the float32
+states, then ``chunk_state_bwd``), bf16, K=V=128, at B2 T16384 H16 and B4 T4096 H16 (``--shape B,T`` for one).
+
+Why: each walk is a chain of dependent chunk steps, one program per state tile (128 programs of 64 x 64 tiles at
+B2 H16, about one per SM), so the two launches take the sum of two chains (0.593 + 0.596 ms at B2 T16384 on
+2026-12-06, ``benchmarks/results/2026-12-06-h200-gla-state-sweep.log``); paired, two programs share each SM (171
+registers and 90624 bytes of shared memory a program at 4 warps, 3 stages: ptxas for sm_90) and the chains run
+side by side. For each shape: the walks alone (own timer, ``_timing.median_ms``; states and gradients compared, max
+abs difference over max abs), then the whole forward + backward of ``gla`` both ways (gradients compared). Outputs
+must agree exactly: the pair runs the same code per program.
+
+    bash .ci/gpu setup >/dev/null && PYTHONPATH=/tmp/ejk-site python3 benchmarks/gpucheck/gla_state_pair.py
+
+``--small``: tiny shapes (a dry run on a CPU with EJKERNEL_TRITON_INTERPRET=1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from _timing import median_ms  # benchmarks/gpucheck/_timing.py (the script's folder is on sys.path)
+
+from ejkernel_triton.gla import chunk
+
+SMALL = "--small" in sys.argv
+H, K = (2, 32) if SMALL else (16, 128)
+SHAPES = [(1, 80)] if SMALL else [(2, 16384), (4, 4096)]
+if "--shape" in sys.argv:
+    SHAPES = [tuple(int(x) for x in sys.argv[sys.argv.index("--shape") + 1].split(","))]
+N_TIMED, REPS = (3, 1) if SMALL else (15, 5)
+
+
+def _diff(got, want) -> float:
+    got, want = np.asarray(got, np.float32), np.asarray(want, np.float32)
+    return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+
+
+def check(b: int, t: int) -> None:
+    plan_of = chunk.default_plan
+    rng = np.random.default_rng(0)
+    bf = jnp.bfloat16
+    r = b * t
+    q, k, v, do = (jnp.asarray(rng.standard_normal((r, H, K)), bf) for _ in range(4))
+    g = jnp.asarray(-np.logaddexp(0.0, -rng.standard_normal((r, H, K))) / 16, jnp.float32)
+    dht = jnp.asarray(rng.standard_normal((b, H, K, K)), jnp.float32)
+    tab = chunk._chunk_table(b, t, 16 if SMALL else 64, None)
+    base = plan_of(chunk.Dims(K, K, b * H), "bwd")
+    if SMALL:
+        base = dataclasses.replace(base, chunk=16)
+    s = chunk.Static(base, base, K**-0.5, True)
+    gc = chunk._gate_cumsum(base, tab, g, H)
+    print(
+        f"B{b} T{t} H{H} K=V={K} bf16: state tile {base.state_k}x{base.state_v}, {base.state_warps} warps, "
+        f"{base.state_stages} stages",
+        flush=True,
+    )
+
+    def two(q, k, v, do, gc, dht):
+        hs, _ = chunk._states(base, tab, k, v, gc, None, jnp.float32, True)
+        return (hs, *chunk._dstates(base, tab, q, do, gc, dht, s.scale, H))
+
+    def one(q, k, v, do, gc, dht):
+        return chunk._state_pair(base, tab, q, k, v, do, gc, None, dht, s.scale)
+
+    walks = [jax.jit(f) for f in (two, one)]
+    args = (q, k, v, do, gc, dht)
+    ref = walks[0](*args)
+    diff = max(_diff(x, y) for x, y in zip(walks[1](*args), ref, strict=True))
+    times = [median_ms(f, *args, n=N_TIMED, reps=REPS) for f in walks]
+    print(f"  walks: two launches {times[0]:.3f} ms, paired {times[1]:.3f} ms (max rel diff {diff:.1e})", flush=True)
+
+    x = tuple(a.reshape(b, t, H, K) for a in (q, k, v)) + (g.reshape(b, t, H, K),)
+    cot = do.reshape(b, t, H, K)
+
+    def grads(paired: bool):
+        chunk.default_plan = lambda d, stage="fwd": dataclasses.replace(
+            plan_of(d, stage), paired_states=paired and stage == "bwd"
+        )
+        try:
+            fn = jax.jit(lambda *a: jax.vjp(lambda *y: chunk.gla(*y)[0], *a)[1](cot))
+            fn(*x)  # traced with this plan
+        finally:
+            chunk.default_plan = plan_of
+        return fn
+
+    fns = [grads(False), grads(True)]
+    outs = [f(*x) for f in fns]
+    diff = max(_diff(a, c) for a, c in zip(outs[1], outs[0], strict=True))
+    times = [median_ms(f, *x, n=N_TIMED, reps=REPS) for f in fns]
+    print(
+        f"  gla forward + backward: two launches {times[0]:.3f} ms, paired {times[1]:.3f} ms (gradients' max rel "
+        f"diff {diff:.1e})",
+        flush=True,
+    )
+
+
+def main() -> None:
+    for b, t in SHAPES:
+        check(b, t)
+
+
+if __name__ == "__main__":
+    main()
