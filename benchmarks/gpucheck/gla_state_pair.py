@@ -7,8 +7,9 @@ B2 H16, about one per SM), so the two launches take the sum of two chains (0.593
 2026-12-06, ``benchmarks/results/2026-12-06-h200-gla-state-sweep.log``); paired, two programs share each SM (171
 registers and 90624 bytes of shared memory a program at 4 warps, 3 stages: ptxas for sm_90) and the chains run
 side by side. For each shape: the walks alone (own timer, ``_timing.median_ms``; states and gradients compared, max
-abs difference over max abs), then the whole forward + backward of ``gla`` both ways (gradients compared). Outputs
-must agree exactly: the pair runs the same code per program.
+abs difference over max abs), then the whole forward + backward of ``gla`` both ways (gradients compared), and of
+``simple_gla`` (the scalar decay of ``lightning_attn`` and ``recurrent``: ``simple_state_pair``). Outputs must agree
+exactly: the pair runs the same code per program.
 
     bash .ci/gpu setup >/dev/null && PYTHONPATH=/tmp/ejk-site python3 benchmarks/gpucheck/gla_state_pair.py
 
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from _timing import median_ms  # benchmarks/gpucheck/_timing.py (the script's folder is on sys.path)
 
+from ejkernel_triton import _simple_chunk as simple
 from ejkernel_triton.gla import chunk
 
 SMALL = "--small" in sys.argv
@@ -99,9 +101,40 @@ def check(b: int, t: int) -> None:
     )
 
 
+def check_simple(b: int, t: int) -> None:
+    """``simple_gla``'s forward + backward with the backward's walks in two launches and paired."""
+    plan_of = simple.default_plan
+    rng = np.random.default_rng(0)
+    x = tuple(jnp.asarray(rng.standard_normal((b, t, H, K)), jnp.bfloat16) for _ in range(3))
+    x += (jnp.asarray(-np.logaddexp(0.0, -rng.standard_normal((b, t, H))) / 16, jnp.float32),)
+    cot = jnp.asarray(rng.standard_normal((b, t, H, K)), jnp.bfloat16)
+
+    def grads(paired: bool):
+        simple.default_plan = lambda d, stage="fwd": dataclasses.replace(
+            plan_of(d, stage), paired_states=paired and stage == "bwd"
+        )
+        try:
+            fn = jax.jit(lambda *a: jax.vjp(lambda *y: simple.simple_gla(*y)[0], *a)[1](cot))
+            fn(*x)  # traced with this plan
+        finally:
+            simple.default_plan = plan_of
+        return fn
+
+    fns = [grads(False), grads(True)]
+    outs = [f(*x) for f in fns]
+    diff = max(_diff(a, c) for a, c in zip(outs[1], outs[0], strict=True))
+    times = [median_ms(f, *x, n=N_TIMED, reps=REPS) for f in fns]
+    print(
+        f"  simple_gla forward + backward: two launches {times[0]:.3f} ms, paired {times[1]:.3f} ms (gradients' max "
+        f"rel diff {diff:.1e})",
+        flush=True,
+    )
+
+
 def main() -> None:
     for b, t in SHAPES:
         check(b, t)
+        check_simple(b, t)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ packing with a one-token and an empty sequence and a boundary mid-chunk, strong 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -92,16 +93,36 @@ def test_dense_matches_reference(dk, dv, t, params, dtype):
     _check(got, want, dtype)
 
 
+@pytest.mark.parametrize("paired", [False, True], ids=["two_walks", "paired_walks"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["f32", "bf16"])
-def test_packed_matches_reference(dtype):
+def test_packed_matches_reference(dtype, paired, monkeypatch):
     """Lengths 1, 16, 0 and 20 in chunks of 16 (every boundary after the first mid-chunk); tokens 37..40 are in no
-    sequence: zero output and gradients there."""
+    sequence: zero output and gradients there. ``paired``: the backward's two state walks in one launch
+    (``simple_state_pair``, ``Plan.paired_states``; not yet the default)."""
+    if paired:
+        plan = simple.default_plan
+        monkeypatch.setattr(
+            simple,
+            "default_plan",
+            lambda d, stage="fwd": dataclasses.replace(plan(d, stage), paired_states=stage == "bwd"),
+        )
     cu = jnp.asarray([0, 1, 17, 17, 37], jnp.int32)
     args, h0 = _inputs(1, 41, 2, 16, 24, dtype, n=4, seed=5)
     p = {"chunk_size": 16}
-    got = _outputs_and_grads(
-        simple.simple_gla, args, h0, cu_seqlens=cu, fwd_params=ChunkFwdParams(**p), bwd_params=ChunkBwdParams(**p)
+    got = []
+    kernels = _kernels(
+        lambda: got.extend(
+            _outputs_and_grads(
+                simple.simple_gla,
+                args,
+                h0,
+                cu_seqlens=cu,
+                fwd_params=ChunkFwdParams(**p),
+                bwd_params=ChunkBwdParams(**p),
+            )
+        )
     )
+    assert ("simple_state_pair" in kernels) == paired and ("simple_state_bwd" in kernels) != paired, kernels
     want = _outputs_and_grads(reference.recurrent, args, h0, cu_seqlens=cu)
     _check(got, want, dtype)
     for x in (got[0], got[2], got[3], got[4], got[5]):
@@ -184,7 +205,9 @@ def test_plans():
 
 
 _COMPILE_SCRIPT = textwrap.dedent("""
+    import dataclasses
     import jax, jax.numpy as jnp
+    from ejkernel_triton import _simple_chunk as simple
     from ejkernel_triton import launch
     from ejkernel_triton._simple_chunk import simple_gla
     assert not launch.INTERPRET
@@ -201,6 +224,10 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 
     grads(4, 4096, 16, 128, 128, jnp.bfloat16)  # a training shape, the default plans
     grads(1, 256, 2, 256, 256, jnp.float32)  # float32 dots (three tf32 passes), the largest head dims
+    plan = simple.default_plan  # the backward's state walks in one launch (simple_state_pair)
+    simple.default_plan = lambda d, stage="fwd": dataclasses.replace(plan(d, stage), paired_states=stage == "bwd")
+    grads(2, 16384, 16, 128, 128, jnp.bfloat16)
+    grads(1, 256, 2, 256, 256, jnp.float32)
     print("compiled")
 """)
 

@@ -243,7 +243,6 @@ def _backward_rows(
     r, h, dk = q.shape
     dv = v.shape[2]
     f32 = jnp.float32
-    hs, _ = _states(plan, tab, k, v, g, h0, exact=True, hs_dtype=f32)
     common: dict[str, Any] = {
         "num_warps": plan.num_warps,
         "num_stages": plan.num_stages,
@@ -253,26 +252,55 @@ def _backward_rows(
         "BT": plan.chunk,
         **_dots(q.dtype),
     }
-    dhe, dh0 = launch.launch(
-        kern.simple_state_bwd,
-        q,
-        do,
-        g,
-        jnp.asarray(_DUMMY_F32) if dht is None else dht,
-        tab.cu,
-        tab.off,
-        float(s.scale),
-        out_shape=(
-            jax.ShapeDtypeStruct((tab.nt, h, dk, dv), f32),
-            jax.ShapeDtypeStruct((tab.n, h, dk, dv), f32),
-        ),
-        grid=(tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), h),
-        name="ejkernel_simple_gla_state_bwd",
-        BK=plan.state_k,
-        BV=plan.state_v,
-        HAS_DHT=dht is not None,
-        **{**common, "num_warps": plan.state_warps, "num_stages": plan.state_stages},
-    )
+    if plan.paired_states:  # the two state walks in one launch (ejkernel_triton.gla.chunk._state_pair says why)
+        hs, _, dhe, dh0 = launch.launch(
+            kern.simple_state_pair,
+            k,
+            v,
+            q,
+            do,
+            g,
+            jnp.asarray(_DUMMY_F32) if h0 is None else h0,
+            jnp.asarray(_DUMMY_F32) if dht is None else dht,
+            tab.cu,
+            tab.off,
+            float(s.scale),
+            out_shape=(
+                jax.ShapeDtypeStruct((tab.nt, h, dk, dv), f32),
+                jax.ShapeDtypeStruct((tab.n, h, dk, dv), f32),
+                jax.ShapeDtypeStruct((tab.nt, h, dk, dv), f32),
+                jax.ShapeDtypeStruct((tab.n, h, dk, dv), f32),
+            ),
+            grid=(2 * tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), h),
+            name="ejkernel_simple_gla_state_pair",
+            BK=plan.state_k,
+            BV=plan.state_v,
+            HAS_H0=h0 is not None,
+            HAS_DHT=dht is not None,
+            **{**common, "num_warps": plan.state_warps, "num_stages": plan.state_stages},
+        )
+    else:
+        hs, _ = _states(plan, tab, k, v, g, h0, exact=True, hs_dtype=f32)
+        dhe, dh0 = launch.launch(
+            kern.simple_state_bwd,
+            q,
+            do,
+            g,
+            jnp.asarray(_DUMMY_F32) if dht is None else dht,
+            tab.cu,
+            tab.off,
+            float(s.scale),
+            out_shape=(
+                jax.ShapeDtypeStruct((tab.nt, h, dk, dv), f32),
+                jax.ShapeDtypeStruct((tab.n, h, dk, dv), f32),
+            ),
+            grid=(tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), h),
+            name="ejkernel_simple_gla_state_bwd",
+            BK=plan.state_k,
+            BV=plan.state_v,
+            HAS_DHT=dht is not None,
+            **{**common, "num_warps": plan.state_warps, "num_stages": plan.state_stages},
+        )
     (dv_,) = launch.launch(
         kern.simple_dv,
         q,

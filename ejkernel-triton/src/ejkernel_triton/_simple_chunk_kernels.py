@@ -21,6 +21,8 @@ Kernels (the forward is the first two; the backward recomputes the states at flo
   state at each chunk's start ``h [NT, H, K, V]`` (in ``h``'s dtype) and the final state (float32);
 * :func:`simple_output`: ``o`` per (chunk, value tile);
 * :func:`simple_state_bwd`: the state's gradient, chunks in reverse: ``dhe`` (at each chunk's *end*) and ``dh0``;
+* :func:`simple_state_pair`: the backward's recompute of the states and :func:`simple_state_bwd` in one launch, when
+  the plan pairs them (``Plan.paired_states``; not yet the default: being checked on the H200);
 * :func:`simple_dv`: ``dv`` per (chunk, value tile);
 * :func:`simple_dqk`: ``dq``, ``dk`` and this key tile's share of ``dg`` per (chunk, key tile) (the shares are
   summed by the caller; :func:`simple_dqk` says how ``dg`` is made chunk-locally).
@@ -76,7 +78,7 @@ def decay(b, n_rows, BT: tl.constexpr, TRANS: tl.constexpr):
 
 
 @triton.jit
-def simple_state_fwd(
+def simple_walk_fwd(
     K_,
     V_,
     G,
@@ -85,6 +87,8 @@ def simple_state_fwd(
     ChunkOff,
     Hs,
     HT,
+    i_p,
+    i_h,
     H: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
@@ -97,12 +101,10 @@ def simple_state_fwd(
     DOT: tl.constexpr,
     EMU: tl.constexpr,
 ):
-    """The state at each chunk's start (``Hs``) and after the last (``HT``), one ``[BK, BV]`` tile per program.
-    ``SPLIT``: the update's ``k exp(b_L - b)`` split (float32 accuracy). Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV),
-    H)``."""
+    """Program ``(i_p, i_h)`` of :func:`simple_state_fwd`: the state at each chunk's start (``Hs``) and after the
+    last (``HT``), one ``[BK, BV]`` tile. ``SPLIT``: the update's ``k exp(b_L - b)`` split (float32 accuracy)."""
     NK: tl.constexpr = (DK + BK - 1) // BK
     NV: tl.constexpr = (DV + BV - 1) // BV
-    i_p, i_h = tl.program_id(0), tl.program_id(1)
     i_n = i_p // (NK * NV)
     i_k = (i_p // NV) % NK
     i_v = i_p % NV
@@ -132,6 +134,55 @@ def simple_state_fwd(
         b_v = raw(V_, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_h, H, DV, EMU)  # [BT, BV]
         b_h = mm(b_kT * tl.exp(b_l - b)[None, :], b_v, b_h * tl.exp(b_l), SPLIT, 0, DOT, EMU, PREC)
     tl.store(HT + (i_n.to(tl.int64) * H + i_h) * (DK * DV) + p_off, b_h, mask=m_h)
+
+
+@triton.jit
+def simple_state_fwd(
+    K_,
+    V_,
+    G,
+    H0,
+    Cu,
+    ChunkOff,
+    Hs,
+    HT,
+    H: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    SPLIT: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """The state at each chunk's start (``Hs``) and after the last (``HT``), one ``[BK, BV]`` tile per program
+    (:func:`simple_walk_fwd`). Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV), H)``."""
+    simple_walk_fwd(
+        K_,
+        V_,
+        G,
+        H0,
+        Cu,
+        ChunkOff,
+        Hs,
+        HT,
+        tl.program_id(0),
+        tl.program_id(1),
+        H,
+        DK,
+        DV,
+        BT,
+        BK,
+        BV,
+        HAS_H0,
+        SPLIT,
+        PREC,
+        DOT,
+        EMU,
+    )
 
 
 @triton.jit
@@ -192,7 +243,7 @@ def simple_output(
 
 
 @triton.jit
-def simple_state_bwd(
+def simple_walk_bwd(
     Q,
     DO,
     G,
@@ -202,6 +253,8 @@ def simple_state_bwd(
     scale,
     DHE,
     DH0,
+    i_p,
+    i_h,
     H: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
@@ -213,12 +266,11 @@ def simple_state_bwd(
     DOT: tl.constexpr,
     EMU: tl.constexpr,
 ):
-    """The state's gradient, chunks in reverse: ``DHE`` at each chunk's end, ``DH0`` before the first (``DHT``
-    for an empty sequence); ``dS <- exp(b_L) dS + scale (q exp(b))^T @ do``, the left operand split. Grid
-    ``(N * cdiv(DK, BK) * cdiv(DV, BV), H)``."""
+    """Program ``(i_p, i_h)`` of :func:`simple_state_bwd`: the state's gradient, chunks in reverse: ``DHE`` at each
+    chunk's end, ``DH0`` before the first (``DHT`` for an empty sequence); ``dS <- exp(b_L) dS + scale (q exp(b))^T
+    @ do``, the left operand split."""
     NK: tl.constexpr = (DK + BK - 1) // BK
     NV: tl.constexpr = (DV + BV - 1) // BV
-    i_p, i_h = tl.program_id(0), tl.program_id(1)
     i_n = i_p // (NK * NV)
     i_k = (i_p // NV) % NK
     i_v = i_p % NV
@@ -249,6 +301,118 @@ def simple_state_bwd(
         b_do = raw(DO, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_h, H, DV, EMU)  # [BT, BV]
         b_dh = mm(b_qT * (tl.exp(b) * scale)[None, :], b_do, b_dh * tl.exp(b_l), 1, 0, DOT, EMU, PREC)
     tl.store(DH0 + (i_n.to(tl.int64) * H + i_h) * (DK * DV) + p_off, b_dh, mask=m_h)
+
+
+@triton.jit
+def simple_state_bwd(
+    Q,
+    DO,
+    G,
+    DHT,
+    Cu,
+    ChunkOff,
+    scale,
+    DHE,
+    DH0,
+    H: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_DHT: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """The state's gradient, chunks in reverse (:func:`simple_walk_bwd`). Grid ``(N * cdiv(DK, BK) * cdiv(DV, BV),
+    H)``."""
+    simple_walk_bwd(
+        Q,
+        DO,
+        G,
+        DHT,
+        Cu,
+        ChunkOff,
+        scale,
+        DHE,
+        DH0,
+        tl.program_id(0),
+        tl.program_id(1),
+        H,
+        DK,
+        DV,
+        BT,
+        BK,
+        BV,
+        HAS_DHT,
+        PREC,
+        DOT,
+        EMU,
+    )
+
+
+@triton.jit
+def simple_state_pair(
+    K_,
+    V_,
+    Q,
+    DO,
+    G,
+    H0,
+    DHT,
+    Cu,
+    ChunkOff,
+    scale,
+    Hs,
+    HT,
+    DHE,
+    DH0,
+    H: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BT: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
+    HAS_H0: tl.constexpr,
+    HAS_DHT: tl.constexpr,
+    PREC: tl.constexpr,
+    DOT: tl.constexpr,
+    EMU: tl.constexpr,
+):
+    """The backward's two state walks in one launch (as ``_chunk_kernels.chunk_state_pair``): :func:`simple_walk_fwd`
+    (float32 states, ``SPLIT``) over the first half of the grid's first axis, :func:`simple_walk_bwd` over the
+    second. Grid ``(2 * N * cdiv(DK, BK) * cdiv(DV, BV), H)``."""
+    half = tl.num_programs(0) // 2
+    i_p, i_h = tl.program_id(0), tl.program_id(1)
+    if i_p < half:
+        simple_walk_fwd(
+            K_, V_, G, H0, Cu, ChunkOff, Hs, HT, i_p, i_h, H, DK, DV, BT, BK, BV, HAS_H0, True, PREC, DOT, EMU
+        )
+    else:
+        simple_walk_bwd(
+            Q,
+            DO,
+            G,
+            DHT,
+            Cu,
+            ChunkOff,
+            scale,
+            DHE,
+            DH0,
+            i_p - half,
+            i_h,
+            H,
+            DK,
+            DV,
+            BT,
+            BK,
+            BV,
+            HAS_DHT,
+            PREC,
+            DOT,
+            EMU,
+        )
 
 
 @triton.jit
