@@ -8,8 +8,9 @@ B2 H16, about one per SM), so the two launches take the sum of two chains (0.593
 registers and 90624 bytes of shared memory a program at 4 warps, 3 stages: ptxas for sm_90) and the chains run
 side by side. For each shape: the walks alone (own timer, ``_timing.median_ms``; states and gradients compared, max
 abs difference over max abs), then the whole forward + backward of ``gla`` both ways (gradients compared), and of
-``simple_gla`` (the scalar decay of ``lightning_attn`` and ``recurrent``: ``simple_state_pair``). Outputs must agree
-exactly: the pair runs the same code per program.
+``simple_gla`` (the scalar decay of ``lightning_attn`` and ``recurrent``: ``simple_state_pair``); then packed
+sequences with an initial state, both ops, gradients compared. Outputs must agree exactly: the pair runs the same
+code per program, so a difference is a miscompile (the two-launch path is the one the conformance suite checks).
 
     bash .ci/gpu setup >/dev/null && PYTHONPATH=/tmp/ejk-site python3 benchmarks/gpucheck/gla_state_pair.py
 
@@ -43,6 +44,7 @@ def _diff(got, want) -> float:
 
 
 def check(b: int, t: int) -> None:
+    """gla's two walks alone, then its forward + backward, timed."""
     plan_of = chunk.default_plan
     rng = np.random.default_rng(0)
     bf = jnp.bfloat16
@@ -77,64 +79,63 @@ def check(b: int, t: int) -> None:
     print(f"  walks: two launches {times[0]:.3f} ms, paired {times[1]:.3f} ms (max rel diff {diff:.1e})", flush=True)
 
     x = tuple(a.reshape(b, t, H, K) for a in (q, k, v)) + (g.reshape(b, t, H, K),)
-    cot = do.reshape(b, t, H, K)
+    compare("gla", chunk, chunk.gla, x, do.reshape(b, t, H, K))
+
+
+def compare(name: str, module, fn, x, cot, timed: bool = True, **kw) -> None:  # noqa: ANN001
+    """``fn(*x, **kw)``'s forward + backward with the backward's state walks in two launches and paired
+    (``module.default_plan`` patched while tracing): gradients compared, both timed when ``timed``."""
+    plan_of = module.default_plan
 
     def grads(paired: bool):
-        chunk.default_plan = lambda d, stage="fwd": dataclasses.replace(
+        module.default_plan = lambda d, stage="fwd": dataclasses.replace(
             plan_of(d, stage), paired_states=paired and stage == "bwd"
         )
         try:
-            fn = jax.jit(lambda *a: jax.vjp(lambda *y: chunk.gla(*y)[0], *a)[1](cot))
-            fn(*x)  # traced with this plan
+            f = jax.jit(lambda *a: jax.vjp(lambda *y: fn(*y, **kw)[0], *a)[1](cot))
+            f(*x)  # traced with this plan
         finally:
-            chunk.default_plan = plan_of
-        return fn
+            module.default_plan = plan_of
+        return f
 
     fns = [grads(False), grads(True)]
     outs = [f(*x) for f in fns]
     diff = max(_diff(a, c) for a, c in zip(outs[1], outs[0], strict=True))
-    times = [median_ms(f, *x, n=N_TIMED, reps=REPS) for f in fns]
-    print(
-        f"  gla forward + backward: two launches {times[0]:.3f} ms, paired {times[1]:.3f} ms (gradients' max rel "
-        f"diff {diff:.1e})",
-        flush=True,
-    )
+    line = f"  {name} forward + backward: gradients' max rel diff paired against two launches {diff:.1e}"
+    if timed:
+        times = [median_ms(f, *x, n=N_TIMED, reps=REPS) for f in fns]
+        line += f"; two launches {times[0]:.3f} ms, paired {times[1]:.3f} ms"
+    print(line, flush=True)
 
 
 def check_simple(b: int, t: int) -> None:
-    """``simple_gla``'s forward + backward with the backward's walks in two launches and paired."""
-    plan_of = simple.default_plan
+    """``simple_gla`` (the scalar decay: ``simple_state_pair``), timed."""
     rng = np.random.default_rng(0)
     x = tuple(jnp.asarray(rng.standard_normal((b, t, H, K)), jnp.bfloat16) for _ in range(3))
     x += (jnp.asarray(-np.logaddexp(0.0, -rng.standard_normal((b, t, H))) / 16, jnp.float32),)
-    cot = jnp.asarray(rng.standard_normal((b, t, H, K)), jnp.bfloat16)
+    compare("simple_gla", simple, simple.simple_gla, x, jnp.asarray(rng.standard_normal((b, t, H, K)), jnp.bfloat16))
 
-    def grads(paired: bool):
-        simple.default_plan = lambda d, stage="fwd": dataclasses.replace(
-            plan_of(d, stage), paired_states=paired and stage == "bwd"
-        )
-        try:
-            fn = jax.jit(lambda *a: jax.vjp(lambda *y: simple.simple_gla(*y)[0], *a)[1](cot))
-            fn(*x)  # traced with this plan
-        finally:
-            simple.default_plan = plan_of
-        return fn
 
-    fns = [grads(False), grads(True)]
-    outs = [f(*x) for f in fns]
-    diff = max(_diff(a, c) for a, c in zip(outs[1], outs[0], strict=True))
-    times = [median_ms(f, *x, n=N_TIMED, reps=REPS) for f in fns]
-    print(
-        f"  simple_gla forward + backward: two launches {times[0]:.3f} ms, paired {times[1]:.3f} ms (gradients' max "
-        f"rel diff {diff:.1e})",
-        flush=True,
-    )
+def check_packed() -> None:
+    """Packed sequences (an empty one, ends mid-chunk, tokens after the last) with an initial state: both ops'
+    gradients, paired against two launches (not timed)."""
+    rng = np.random.default_rng(1)
+    t = 400 if SMALL else 9000
+    cu = jnp.asarray([0, 1, t // 3, t // 3, t - 77], jnp.int32)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, t, H, K)), jnp.bfloat16) for _ in range(3))
+    h0 = jnp.asarray(rng.standard_normal((4, H, K, K)), jnp.float32)
+    cot = jnp.asarray(rng.standard_normal((1, t, H, K)), jnp.bfloat16)
+    gk = jnp.asarray(-np.logaddexp(0.0, -rng.standard_normal((1, t, H, K))) / 16, jnp.float32)
+    kw = {"cu_seqlens": cu, "initial_state": h0, "output_final_state": True}
+    compare("gla (packed)", chunk, chunk.gla, (q, k, v, gk), cot, timed=False, **kw)
+    compare("simple_gla (packed)", simple, simple.simple_gla, (q, k, v, gk[..., 0]), cot, timed=False, **kw)
 
 
 def main() -> None:
     for b, t in SHAPES:
         check(b, t)
         check_simple(b, t)
+    check_packed()
 
 
 if __name__ == "__main__":
