@@ -88,6 +88,20 @@ def test_a_wrong_result_fails_and_is_not_timed(tmp_path: Path) -> None:
     assert r["status"] == "failed" and "wrong result" in r["reason"] and "value" not in r and r["error"] > 0.1
 
 
+@pytest.mark.parametrize("gates", ["gk=1", "gv=1", "gk=1,gv=1"])
+def test_recurrent_key_and_value_gates_are_timed_and_checked(gates: str) -> None:
+    shape = CASES["recurrent"].parse(f"B=1,T=20,H=2,K=8,V=4,{gates}")
+    inputs = CASES["recurrent"].make(shape, "float32")
+    assert [a is None for a in inputs.args[4:]] == [not shape["gk"], not shape["gv"]]
+    assert inputs.diff == tuple(i for i, a in enumerate(inputs.args) if a is not None)
+    doc, _ = run(
+        "recurrent", [shape], impls=["xla"], peers=[], dtype="float32", passes=("fwd", "fwd_bwd"), progress=False
+    )
+    for r in doc["records"]:
+        assert r["status"] == "ok" and r["error"] < 1e-4, r
+    assert all(name in report.table(doc["records"]) for name, on in shape.items() if on is True)
+
+
 def test_schema_rejects_a_bad_record() -> None:
     with pytest.raises(schema.SchemaError, match="positive value"):
         schema.validate(

@@ -310,7 +310,12 @@ def _recurrent(s: Shape, dtype: Any) -> Inputs:
     b, t, h, dk, dv = s["B"], s["T"], s["H"], s["K"], s["V"]
     q, k = _normal(kq, (b, t, h, dk), dtype), _normal(kk, (b, t, h, dk), dtype)
     g = jax.nn.log_sigmoid(jax.random.normal(kg, (b, t, h), jnp.float32) + 3.0).astype(dtype)  # a scalar gate a head
-    return Inputs((q * dk**-0.5, k * dk**-0.5, _normal(kv, (b, t, h, dv), dtype), g), {}, (0, 1, 2, 3))
+    args: tuple[Any, ...] = (q * dk**-0.5, k * dk**-0.5, _normal(kv, (b, t, h, dv), dtype), g)
+    if s["gk"] or s["gv"]:  # the key and value gates (log decays per channel), None where left out
+        kk2, kv2 = jax.random.split(kg)
+        gate = lambda key, d: jax.nn.log_sigmoid(jax.random.normal(key, (b, t, h, d)) + 5.0).astype(dtype)  # noqa: E731
+        args += (gate(kk2, dk) if s["gk"] else None, gate(kv2, dv) if s["gv"] else None)
+    return Inputs(args, {}, tuple(i for i, a in enumerate(args) if a is not None))
 
 
 # Above this many float32 elements of the per-token state (B·T·H·K·V), the linear-attention training cases check
@@ -469,7 +474,8 @@ CASES: dict[str, Case] = {
         Case(
             "recurrent",
             ("B", "T", "H", "K", "V"),
-            {"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128},
+            # gk, gv: key and value gates beside the scalar one (the chunked kernels' other paths)
+            {"B": 4, "T": 4096, "H": 16, "K": 128, "V": 128, "gk": False, "gv": False},
             _recurrent,
             _linear_flops(0),
             "TFLOP/s",
