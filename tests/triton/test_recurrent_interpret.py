@@ -4,7 +4,7 @@ The conformance suites check the contracts; this file checks what is particular 
 grouped value heads read in place (HV = 2 H), the value channels split over programs (``block_v``), the packed
 layout with an empty sequence and tokens after the last, ``use_qk_l2norm``, bfloat16 inputs, the gradients of the
 ``custom_vjp`` (the reference's VJP), ``vmap`` folded into one launch, the registration above XLA on GPUs and
-``supports`` declining long sequences; and ``lightning_attn``/``recurrent`` on gla's fused and chunked kernels.
+``supports`` declining long sequences; and ``lightning_attn``/``recurrent`` on gla's fused kernels.
 """
 
 from __future__ import annotations
@@ -148,20 +148,20 @@ def _one_head_inputs(t, *, b=B, n=None, seed=0):
 _VALUE_GATED = [("recurrent", ("g_v",), False), ("recurrent", ("g", "g_k", "g_v"), True)]
 
 
+# The chunked kernels (``ejkernel_triton.{op}.chunk``) take the same cases in the conformance suites (platform
+# ``triton_chunk``: every gate combination, packed, reversed, with gradients); here only the fused ones.
 @pytest.mark.parametrize(
-    ("kernels", "op", "gates", "reverse"),
-    [(kernels, *case) for kernels in ("interface", "chunk") for case in (
-        ("lightning_attn", ("slope",), False), ("recurrent", ("g",), False), ("recurrent", ("g_k",), True),
-        ("recurrent", ("g", "g_k"), False), ("recurrent", (), True))]
-    + [("interface", *case) for case in _VALUE_GATED],
+    ("op", "gates", "reverse"),
+    [("lightning_attn", ("slope",), False), ("recurrent", ("g",), False), ("recurrent", ("g_k",), True),
+     ("recurrent", ("g", "g_k"), False), ("recurrent", (), True), *_VALUE_GATED],
 )  # fmt: skip
-def test_lightning_and_recurrent_fold_their_gates_into_gla(kernels, op, gates, reverse):
-    """``lightning_attn`` and ``recurrent`` on gla's fused recurrent or chunked kernels (the value gate: fused only):
-    outputs, final state, packed sequences (lengths 2, 0, 3; two tokens in none), ``reverse`` (the flipped sequence)
-    and the gradients of every input, the gates included."""
+def test_lightning_and_recurrent_fold_their_gates_into_gla(op, gates, reverse):
+    """``lightning_attn`` and ``recurrent`` on gla's fused recurrent kernel: outputs, final state, packed sequences
+    (lengths 2, 0, 3; two tokens in none), ``reverse`` (the flipped sequence) and the gradients of every input, the
+    gates included."""
     import importlib
 
-    impl = getattr(importlib.import_module(f"ejkernel_triton.{op}.{kernels}"), op)
+    impl = getattr(importlib.import_module(f"ejkernel_triton.{op}.interface"), op)
     ref = {"lightning_attn": reference.lightning_attn, "recurrent": reference.recurrent}[op]
     cu = jnp.asarray([0, 2, 2, 5], jnp.int32)
     rev = {"reverse": True} if reverse else {}
