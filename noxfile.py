@@ -45,8 +45,13 @@ PLUGINS = ("xla", "triton", "pallas", "cuda")
 # suites run them in Triton's interpreter (EJKERNEL_TRITON_INTERPRET=1 below).
 # The smoke test of an installed plugin: the suites' float32 comparisons with the reference (``tests`` runs
 # every case and dtype once, with every plugin installed).
-SMOKE = ("-k", "(match_reference or matches_reference) and not candidate and float32")
-CONFORMANCE = {"triton": ("--ejkernel-backend=gpu", *SMOKE), "pallas": SMOKE}
+SMOKE = "(match_reference or matches_reference) and not candidate and float32"
+# Triton alone also leaves out recurrent's two packed strong-gate cases (~35 s each in the interpreter on CI; `tests`
+# runs them).
+CONFORMANCE = {
+    "triton": ("--ejkernel-backend=gpu", "-k", f"{SMOKE} and not strong_gates_varlen"),
+    "pallas": ("-k", SMOKE),
+}
 # The CPU test set-up of docs/design.md §11: 8 simulated devices for sharding, Triton kernels interpreted.
 TEST_ENV = {
     "XLA_FLAGS": "--xla_force_host_platform_device_count=8",
