@@ -284,7 +284,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     grads(1, 256, 2, 4, 128, 128, jnp.float32)  # float32 dots (three tf32 passes), grouped value heads
     plan = chunk.default_plan  # the backward's state walks in one launch (chunk_state_pair)
     chunk.default_plan = lambda d, stage="fwd": dataclasses.replace(plan(d, stage), paired_states=stage == "bwd")
-    grads(1, 256, 2, 4, 128, 128)
+    grads(2, 64, 16, 16, 128, 128)  # 32 states: 64 x 64 state tiles at 4 warps, 3 stages (the B2 T16384 plan)
     grads(1, 256, 2, 4, 128, 128, jnp.float32)
     print("compiled")
 """)

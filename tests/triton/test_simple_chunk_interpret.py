@@ -229,7 +229,7 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     grads(1, 256, 2, 256, 256, jnp.float32)  # float32 dots (three tf32 passes), the largest head dims
     plan = simple.default_plan  # the backward's state walks in one launch (simple_state_pair)
     simple.default_plan = lambda d, stage="fwd": dataclasses.replace(plan(d, stage), paired_states=stage == "bwd")
-    grads(1, 256, 2, 128, 128, jnp.bfloat16)
+    grads(2, 64, 16, 128, 128, jnp.bfloat16)  # 32 states: 64 x 64 state tiles (the B2 T16384 plan)
     grads(1, 256, 2, 256, 256, jnp.float32)
     print("compiled")
 """)
