@@ -14,6 +14,9 @@ code per program, so a difference is a miscompile (the two-launch path is the on
 
     bash .ci/gpu setup >/dev/null && PYTHONPATH=/tmp/ejk-site python3 benchmarks/gpucheck/gla_state_pair.py
 
+First (``check_decayed``): gla's forward with its state walk reading the decayed keys (``Plan.decayed_keys``)
+against the walk decaying them, outputs exact, both timed, then packed with an initial state.
+
 ``--small``: tiny shapes (a dry run on a CPU with EJKERNEL_TRITON_INTERPRET=1).
 """
 
@@ -108,6 +111,35 @@ def compare(name: str, module, fn, x, cot, timed: bool = True, **kw) -> None:  #
     print(line, flush=True)
 
 
+def check_decayed(b: int, t: int, **kw) -> None:  # noqa: ANN003
+    """gla's forward (no final state) with its state walk reading the decayed keys (``Plan.decayed_keys``) against
+    the walk decaying them itself: outputs must agree exactly (same products of the same rounded operands); timed
+    unless packed (``kw``)."""
+    rng = np.random.default_rng(2)
+    x = tuple(jnp.asarray(rng.standard_normal((b, t, H, K)), jnp.bfloat16) for _ in range(3))
+    x += (jnp.asarray(-np.logaddexp(0.0, -rng.standard_normal((b, t, H, K))) / 16, jnp.float32),)
+    plan_of = chunk.default_plan
+
+    def forward(decayed: bool):
+        chunk.default_plan = lambda d, stage="fwd": dataclasses.replace(plan_of(d, stage), decayed_keys=decayed)
+        try:
+            f = jax.jit(lambda *a: chunk.gla(*a, **kw)[0])
+            f(*x)  # traced with this plan
+        finally:
+            chunk.default_plan = plan_of
+        return f
+
+    fns = [forward(False), forward(True)]
+    outs = [f(*x) for f in fns]
+    rows = slice(None) if "cu_seqlens" not in kw else slice(0, int(kw["cu_seqlens"][-1]))
+    diff = _diff(outs[1][:, rows], outs[0][:, rows])
+    line = f"  gla forward{' (packed)' if kw else ''}: decayed keys' max rel diff {diff:.1e}"
+    if not kw:
+        times = [median_ms(f, *x, n=N_TIMED, reps=REPS) for f in fns]
+        line += f"; walk decaying {times[0]:.3f} ms, decayed keys {times[1]:.3f} ms"
+    print(line, flush=True)
+
+
 def check_simple(b: int, t: int) -> None:
     """``simple_gla`` (the scalar decay: ``simple_state_pair``), timed."""
     rng = np.random.default_rng(0)
@@ -132,6 +164,11 @@ def check_packed() -> None:
 
 
 def main() -> None:
+    for b, t in SHAPES:
+        check_decayed(b, t)
+    t = 400 if SMALL else 9000
+    h0 = jnp.asarray(np.random.default_rng(3).standard_normal((4, H, K, K)), jnp.float32)
+    check_decayed(1, t, cu_seqlens=jnp.asarray([0, 1, t // 3, t // 3, t - 77], jnp.int32), initial_state=h0)
     for b, t in SHAPES:
         check(b, t)
         check_simple(b, t)

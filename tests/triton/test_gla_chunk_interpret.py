@@ -128,6 +128,40 @@ def test_packed_sequences_by_blocks(gate_scale, paired, monkeypatch):
     assert len(calls) == paired
 
 
+def test_decayed_keys_give_the_same_forward(monkeypatch):
+    """``Plan.decayed_keys``: the forward's state walk reads the decayed keys that ``chunk_intra_diag`` writes
+    instead of ``k`` and the gates; the output must be bit for bit the one of the walk that decays them itself
+    (bfloat16 dots; packed sequences with partial chunks, grouped value heads); with a final state (split products)
+    it is not used. The sm_90 compile test compiles it for float32 dots too."""
+    launches = []
+    real = launch.launch
+    monkeypatch.setattr(
+        launch, "launch", lambda kern, *a, **kw: launches.append(kw.get("DECAYED")) or real(kern, *a, **kw)
+    )
+    cu = jnp.asarray((0, 23, 23, 75), jnp.int32)
+    (q, k, v, g), h0 = _inputs(1, 80, 1, 2, 32, 16, n=3, seed=9)
+    q, k, v = (x.astype(jnp.bfloat16) for x in (q, k, v))
+    fp = chunk.ChunkFwdParams(chunk_size=16)  # several chunks per sequence: the walk's states reach the output
+    plan = chunk.default_plan
+
+    def run(decayed, final=False):
+        monkeypatch.setattr(
+            chunk, "default_plan", lambda d, stage="fwd": dataclasses.replace(plan(d, stage), decayed_keys=decayed)
+        )
+        launches.clear()
+        out = chunk.gla(q, k, v, g, initial_state=h0, cu_seqlens=cu, output_final_state=final, fwd_params=fp)
+        return out, [d for d in launches if d is not None]
+
+    (o_want, _), walks = run(False)
+    assert walks == [False]
+    (o_got, _), walks = run(True)
+    assert walks == [True]
+    assert o_got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(o_got, np.float32)[:, :75], np.asarray(o_want, np.float32)[:, :75])
+    _, walks = run(True, final=True)
+    assert walks == [False]
+
+
 def test_vmap_folds_into_one_launch(monkeypatch):
     batches = []
     forward_rows = chunk._forward_rows
@@ -286,6 +320,11 @@ _COMPILE_SCRIPT = textwrap.dedent("""
     chunk.default_plan = lambda d, stage="fwd": dataclasses.replace(plan(d, stage), paired_states=stage == "bwd")
     grads(2, 64, 16, 16, 128, 128)  # 32 states: 64 x 64 state tiles at 4 warps, 3 stages (the B2 T16384 plan)
     grads(1, 256, 2, 4, 128, 128, jnp.float32)
+    # the forward's walk of the decayed keys (no final state), bfloat16 and float32 dots
+    chunk.default_plan = lambda d, stage="fwd": dataclasses.replace(plan(d, stage), decayed_keys=True)
+    for b, t, h, hv, dt in ((2, 64, 16, 16, jnp.bfloat16), (1, 256, 2, 4, jnp.float32)):
+        z = lambda *shape, dt=dt: jnp.zeros(shape, dt)
+        gla(z(b, t, h, 128), z(b, t, h, 128), z(b, t, hv, 128), z(b, t, hv, 128, dt=jnp.float32))
     print("compiled")
 """)
 

@@ -17,6 +17,8 @@ too when it cuts other chunks than the forward) and runs the rest):
 * :func:`chunk_intra_diag`, :func:`chunk_intra_offdiag`: ``A [NT, HV, BT, BT]`` (scale included; zeros above the
   diagonal; in ``A``'s dtype, bfloat16 for bfloat16 inputs: every dot that reads it rounds it so), one program per
   ``[BC, BC]`` block: the diagonal blocks (and the zeros right of them) first, then those below into the same array;
+  the first also writes the decayed keys ``k exp(b_L - b)`` when the forward's walk reads them (``Plan.decayed_keys``:
+  then these run before :func:`chunk_state_fwd`; not yet the default: being checked on the H200);
 * :func:`chunk_output`: ``o = scale (q * exp(b)) @ h + A @ v``;
 * :func:`chunk_state_bwd`: the reverse recurrence of the state's gradient; stores ``dhe``, the gradient of the
   state at each chunk's *end* (what the chunk's keys and values fed), and the initial state's gradient;
@@ -233,6 +235,7 @@ def state_walk_fwd(
     HAS_H0: tl.constexpr,
     HAS_GV: tl.constexpr,
     SPLIT: tl.constexpr,
+    DECAYED: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
@@ -242,7 +245,11 @@ def state_walk_fwd(
     accuracy (its float32 operand split, :func:`mm`), for a final state that is returned or states that feed float32
     products; else one product (the states then only feed dots that round them to ``DOT``). ``HAS_GV``: the state's
     columns decay too, by the cumulative gates ``GV [R, HV, DV]`` (``S <- diag(exp(b_L)) S diag(exp(c_L)) + (k
-    exp(b_L - b))^T (v exp(c_L - c))``, ``c`` = ``GV``)."""
+    exp(b_L - b))^T (v exp(c_L - c))``, ``c`` = ``GV``). ``DECAYED`` (neither ``SPLIT`` nor ``HAS_GV``): ``K_`` holds
+    the decayed keys ``k exp(b_L - b) [R, HV, DK]`` in the dots' operand dtype (:func:`chunk_intra_diag`'s ``KD``:
+    the values this walk would round them to), so it reads them and the chunks' last gates instead of ``k`` and the
+    float32 gate tile: 0.8 GB instead of 1.34 at B2 T16384 H16 K=V=128, the same states."""
+    tl.static_assert(not (DECAYED and (SPLIT or HAS_GV)), "decayed keys are rounded: no SPLIT, no GV")
     SPLIT_V: tl.constexpr = SPLIT and HAS_GV  # decayed values are not exact in DOT either
     NK: tl.constexpr = (DK + BK - 1) // BK
     NV: tl.constexpr = (DV + BV - 1) // BV
@@ -274,9 +281,13 @@ def state_walk_fwd(
         rows = start + o_t
         m_t = o_t < n_rows
         m_kt = m_k[:, None] & m_t[None, :]
-        b_kT = tile(K_, rows[None, :], o_k[:, None], m_kt, i_h, H, DK)  # [BK, BT]
-        b_gT = gate(GC, rows[None, :], o_k[:, None], m_kt, i_hv, HV, GK)  # [BK, BT]
         b_gl = gate(GC, start + n_rows - 1, o_k, m_k, i_hv, HV, GK)  # [BK], the chunk's total decay
+        if DECAYED:
+            b_kd = raw(K_, rows[None, :], o_k[:, None], m_kt, i_hv, HV, DK, EMU)  # [BK, BT], k exp(b_L - b)
+        else:
+            b_kT = tile(K_, rows[None, :], o_k[:, None], m_kt, i_h, H, DK)  # [BK, BT]
+            b_gT = gate(GC, rows[None, :], o_k[:, None], m_kt, i_hv, HV, GK)  # [BK, BT]
+            b_kd = b_kT * tl.exp(b_gl[:, None] - b_gT)
         b_v = raw(V_, rows[:, None], o_v[None, :], m_t[:, None] & m_v[None, :], i_hv, HV, DV, EMU)  # [BT, BV]
         if HAS_GV:
             b_cl = gate(GV, start + n_rows - 1, o_v, m_v, i_hv, HV, DV)  # [BV]
@@ -284,7 +295,7 @@ def state_walk_fwd(
             b_v = b_v.to(tl.float32) * tl.exp(b_cl[None, :] - b_c)
             b_h = b_h * tl.exp(b_cl)[None, :]
         b_h = b_h * tl.exp(b_gl)[:, None]
-        b_h = mm(b_kT * tl.exp(b_gl[:, None] - b_gT), b_v, b_h, SPLIT, SPLIT_V, DOT, EMU, PREC)
+        b_h = mm(b_kd, b_v, b_h, SPLIT, SPLIT_V, DOT, EMU, PREC)
     tl.store(HT + (i_n.to(tl.int64) * HV + i_hv) * (DK * DV) + p_off, b_h, mask=m_h)
 
 
@@ -310,6 +321,7 @@ def chunk_state_fwd(
     HAS_H0: tl.constexpr,
     HAS_GV: tl.constexpr,
     SPLIT: tl.constexpr,
+    DECAYED: tl.constexpr,
     PREC: tl.constexpr,
     DOT: tl.constexpr,
     EMU: tl.constexpr,
@@ -339,6 +351,7 @@ def chunk_state_fwd(
         HAS_H0,
         HAS_GV,
         SPLIT,
+        DECAYED,
         PREC,
         DOT,
         EMU,
@@ -355,6 +368,7 @@ def chunk_intra_diag(
     ChunkOff,
     scale,
     A,
+    KD,
     H: tl.constexpr,
     HV: tl.constexpr,
     DK: tl.constexpr,
@@ -362,9 +376,13 @@ def chunk_intra_diag(
     BT: tl.constexpr,
     BKD: tl.constexpr,
     BC: tl.constexpr,
+    HAS_KD: tl.constexpr,
 ):
     """Diagonal block ``i_c`` (``[BC, BC]``) of the chunk's scores ``A`` (scale included) and the zero blocks right
-    of it; :func:`chunk_intra_offdiag` then fills the blocks left of it. Element-wise over all ``BKD`` (``DK``
+    of it; :func:`chunk_intra_offdiag` then fills the blocks left of it. ``HAS_KD``: also the block's rows of the
+    decayed keys ``KD [R, HV, DK] = k exp(b_L - b)`` (in ``KD``'s dtype: the forward's unsplit state walk reads them
+    in place of ``k`` and the float32 gates, ``DECAYED`` of :func:`state_walk_fwd`; this program holds the rows'
+    ``k`` and gates already). Element-wise over all ``BKD`` (``DK``
     padded) key channels, ``A_ij = sum_c q_ic k_jc exp(b_ic - b_jc)`` for ``i > j`` (the others kept out before
     the exponent), two columns per pass, one exponent per pair and channel: what a dot would save is lost to its
     levels (:func:`level`). Against one column per pass (all lanes, half of them above the diagonal) 267 us
@@ -388,6 +406,10 @@ def chunk_intra_diag(
     b_g = gate(GC, bos + r_i[:, None], o_k[None, :], m_ik, i_hv, HV, GK)
     # The diagonal itself needs no exponent (b_ii - b_ii = 0); stored with the zeros right of it.
     b_k = tile(K_, bos + r_i[:, None], o_k[None, :], m_ik, i_h, H, DK)
+    if HAS_KD:
+        b_gl = gate(GC, bos + n_rows - 1, o_k, m_k & (o_k * 0 < n_rows), i_hv, HV, GK)  # the chunk's last row
+        p_kd = KD + ((bos + r_i[:, None]) * HV + i_hv) * DK + o_k[None, :]
+        tl.store(p_kd, (b_k * tl.exp(b_gl[None, :] - b_g)).to(KD.dtype.element_ty), mask=m_ik)
     b_d = tl.sum(b_q * b_k, axis=1) * scale
     up = o_c[None, :] >= o_c[:, None]
     b_u = tl.where(o_c[None, :] == o_c[:, None], b_d[:, None], 0.0)
@@ -739,6 +761,7 @@ def chunk_state_pair(
             HAS_H0,
             False,
             True,
+            False,
             PREC,
             DOT,
             EMU,

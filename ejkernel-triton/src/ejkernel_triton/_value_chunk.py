@@ -126,6 +126,7 @@ def _states(plan: Plan, tab: Any, k: jax.Array, v: jax.Array, b: jax.Array, h0: 
         HAS_H0=h0 is not None,
         HAS_GV=gc is not None,
         SPLIT=exact,
+        DECAYED=False,
         **_dots(k.dtype),
     )
     return hs, jnp.swapaxes(ht, -1, -2)
@@ -156,7 +157,7 @@ def _forward_rows(
     hs, ht = _states(plan, tab, k, v, b, h0, exact=s.output_final_state, hs_dtype=operand, gc=gc)
     # with a key gate, the scores are the key-decayed ones of the chunked gla (float32: the output's diagonal
     # blocks take them element-wise, not through a dot that would round them)
-    a = None if gc is None else gla_chunk._scores(plan, tab, q, k, gc, h, s.scale, jnp.float32)
+    a = None if gc is None else gla_chunk._scores(plan, tab, q, k, gc, h, s.scale, jnp.float32)[0]
     dummy = jnp.asarray(_DUMMY_F32)
     (o,) = launch.launch(
         kern.value_output,
@@ -275,7 +276,7 @@ def _backward_rows(
         **common,
     )
     if gc is not None:
-        a_ = gla_chunk._scores(plan, tab, q, k, gc, h, s.scale, f32)
+        a_ = gla_chunk._scores(plan, tab, q, k, gc, h, s.scale, f32)[0]
     dv_, dgu, dgw = launch.launch(
         kern.value_dv,
         q,

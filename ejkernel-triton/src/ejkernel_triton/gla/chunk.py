@@ -129,6 +129,10 @@ class Plan:
     # The backward's two state walks in one launch (_state_pair), two chains side by side on the SMs: not the
     # default until the H200 has checked and timed it (benchmarks/gpucheck/gla_state_pair.py)
     paired_states: bool = False
+    # The forward's unsplit state walk reads decayed keys k exp(b_L - b) that chunk_intra_diag writes in the dots'
+    # operand dtype instead of k and the float32 gates (state_walk_fwd's DECAYED): not the default until the H200
+    # has checked and timed it (benchmarks/gpucheck/gla_state_pair.py --decayed)
+    decayed_keys: bool = False
 
 
 class Dims(NamedTuple):
@@ -226,6 +230,7 @@ def make_plan(d: Dims, p: _ChunkParams, stage: str = "fwd") -> Plan:
         state_warps=p.state_warps or base.state_warps,
         state_stages=p.state_stages or base.state_stages,
         paired_states=base.paired_states,
+        decayed_keys=base.decayed_keys,
     )
 
 
@@ -404,9 +409,11 @@ def _states(
     h0: jax.Array | None,
     hs_dtype: Any = jnp.float32,
     split: bool = True,
+    kd: jax.Array | None = None,
 ) -> Any:
     """``(h [NT, HV, K, V] in hs_dtype, final state [N, HV, K, V] float32)``; ``split``: at float32 accuracy
-    (``chunk_state_fwd``'s ``SPLIT``)."""
+    (``chunk_state_fwd``'s ``SPLIT``); ``kd``: the decayed keys ``[R, HV, K]`` (:func:`_scores`'), read in place of
+    ``k`` and the gate tiles (``DECAYED``; not with ``split``)."""
     from ejkernel_triton import _chunk_kernels as kern
     from ejkernel_triton import launch
 
@@ -414,7 +421,7 @@ def _states(
     hv, dv = v.shape[1], v.shape[2]
     return launch.launch(
         kern.chunk_state_fwd,
-        k,
+        k if kd is None else kd,
         v,
         gc,
         jnp.asarray(_DUMMY_F32),  # no value gate
@@ -440,6 +447,7 @@ def _states(
         HAS_H0=h0 is not None,
         HAS_GV=False,
         SPLIT=split,
+        DECAYED=kd is not None,
         **_dots(k.dtype),
     )
 
@@ -593,20 +601,36 @@ def _prologue(
 ) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
     """What the forward and the backward both need: the cumulative gates, the chunk states (in ``hs_dtype``; at
     float32 accuracy when ``split``), the final state and the intra-chunk scores ``A [NT, HV, C, C]`` (in
-    :func:`_operand_dtype`; ``a`` and ``gc`` when given: the forward's, saved for the backward)."""
+    :func:`_operand_dtype`; ``a`` and ``gc`` when given: the forward's, saved for the backward). Unsplit states of
+    a ``plan.decayed_keys`` walk the decayed keys that the scores' kernel writes (so the scores come first)."""
     hv = v.shape[1]
+    op = _operand_dtype(q.dtype)
     gc = _gate_cumsum(plan, tab, g, hv) if gc is None else gc
+    if plan.decayed_keys and not split and a is None:
+        a, kd = _scores(plan, tab, q, k, gc, hv, s.scale, op, decayed=True)
+        hs, ht = _states(plan, tab, k, v, gc, h0, hs_dtype, split, kd=kd)
+        return gc, hs, ht, a
     hs, ht = _states(plan, tab, k, v, gc, h0, hs_dtype, split)
     if a is None:
-        a = _scores(plan, tab, q, k, gc, hv, s.scale, _operand_dtype(q.dtype))
+        a, _ = _scores(plan, tab, q, k, gc, hv, s.scale, op)
     return gc, hs, ht, a
 
 
 def _scores(
-    plan: Plan, tab: _Table, q: jax.Array, k: jax.Array, gc: jax.Array, hv: int, scale: float, dtype: Any
-) -> jax.Array:
-    """The intra-chunk scores ``A [NT, HV, C, C]`` in ``dtype`` (scale included, zeros above the diagonal) from the
-    cumulative gates ``gc [R, HV, K]``: ``chunk_intra_diag``, then ``chunk_intra_offdiag`` into the same array."""
+    plan: Plan,
+    tab: _Table,
+    q: jax.Array,
+    k: jax.Array,
+    gc: jax.Array,
+    hv: int,
+    scale: float,
+    dtype: Any,
+    decayed: bool = False,
+) -> tuple[jax.Array, jax.Array | None]:
+    """``(A, kd)``: the intra-chunk scores ``A [NT, HV, C, C]`` in ``dtype`` (scale included, zeros above the
+    diagonal) from the cumulative gates ``gc [R, HV, K]`` (``chunk_intra_diag``, then ``chunk_intra_offdiag`` into
+    the same array) and, when ``decayed``, the decayed keys ``kd = k exp(b_L - b) [R, HV, K]`` in the dots' operand
+    dtype (rows outside every chunk unwritten), else None."""
     from ejkernel_triton import _chunk_kernels as kern
     from ejkernel_triton import launch
 
@@ -617,15 +641,17 @@ def _scores(
     sizes = {"H": h, "HV": hv, "DK": dk, "GK": dk, "BT": plan.chunk, "BC": blocks["BC"]}
     args = (q, k, gc, tab.cu, tab.seq, tab.off, float(scale))
     out = jax.ShapeDtypeStruct((tab.nt, hv, plan.chunk, plan.chunk), dtype)
-    (a,) = launch.launch(
+    kd_shape = (gc.shape[0], hv, dk) if decayed else (1,)  # one unwritten element when not asked for
+    a, kd = launch.launch(
         kern.chunk_intra_diag,
         *args,
-        out_shape=(out,),
+        out_shape=(out, jax.ShapeDtypeStruct(kd_shape, _operand_dtype(q.dtype))),
         grid=(tab.nt, hv, nc),
         num_warps=_DIAG_WARPS,
         num_stages=1,
         name="ejkernel_gla_chunk_intra_diag",
         BKD=_pow2(dk),
+        HAS_KD=decayed,
         **sizes,
     )
     (a,) = launch.launch(  # the blocks below the diagonal, into the same array
@@ -642,7 +668,7 @@ def _scores(
         **sizes,
         **dots,
     )
-    return a
+    return a, (kd if decayed else None)
 
 
 def _rows(x: jax.Array) -> jax.Array:
@@ -721,7 +747,7 @@ def _backward_rows(
     if plan.paired_states:
         gc = _gate_cumsum(plan, tab, g, hv) if gc is None else gc
         hs, dhe, dh0 = _state_pair(plan, tab, q, k, v, do, gc, h0, dht, s.scale)
-        a = _scores(plan, tab, q, k, gc, hv, s.scale, _operand_dtype(q.dtype)) if a is None else a
+        a = _scores(plan, tab, q, k, gc, hv, s.scale, _operand_dtype(q.dtype))[0] if a is None else a
     else:
         gc, hs, _, a = _prologue(s, plan, tab, q, k, v, g, h0, a=a, gc=gc)
         dhe, dh0 = _dstates(plan, tab, q, do, gc, dht, s.scale, hv)
