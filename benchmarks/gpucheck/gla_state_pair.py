@@ -85,21 +85,30 @@ def check(b: int, t: int) -> None:
     compare("gla", chunk, chunk.gla, x, do.reshape(b, t, H, K))
 
 
+def _traced(module, fn, x, paired_states: bool = False, decayed_keys: bool = False):  # noqa: ANN001, ANN202
+    """``jax.jit(fn)``, traced on ``x`` while ``module.default_plan`` pairs the backward's walks (``paired_states``)
+    and walks the forward's decayed keys (``decayed_keys``, gla only)."""
+    plan_of = module.default_plan
+
+    def default_plan(d, stage="fwd"):  # noqa: ANN001, ANN202
+        plan = dataclasses.replace(plan_of(d, stage), paired_states=paired_states and stage == "bwd")
+        return dataclasses.replace(plan, decayed_keys=True) if decayed_keys and stage == "fwd" else plan
+
+    module.default_plan = default_plan
+    try:
+        f = jax.jit(fn)
+        f(*x)  # traced with this plan
+    finally:
+        module.default_plan = plan_of
+    return f
+
+
 def compare(name: str, module, fn, x, cot, timed: bool = True, **kw) -> None:  # noqa: ANN001
     """``fn(*x, **kw)``'s forward + backward with the backward's state walks in two launches and paired
     (``module.default_plan`` patched while tracing): gradients compared, both timed when ``timed``."""
-    plan_of = module.default_plan
 
     def grads(paired: bool):
-        module.default_plan = lambda d, stage="fwd": dataclasses.replace(
-            plan_of(d, stage), paired_states=paired and stage == "bwd"
-        )
-        try:
-            f = jax.jit(lambda *a: jax.vjp(lambda *y: fn(*y, **kw)[0], *a)[1](cot))
-            f(*x)  # traced with this plan
-        finally:
-            module.default_plan = plan_of
-        return f
+        return _traced(module, lambda *a: jax.vjp(lambda *y: fn(*y, **kw)[0], *a)[1](cot), x, paired_states=paired)
 
     fns = [grads(False), grads(True)]
     outs = [f(*x) for f in fns]
@@ -118,16 +127,9 @@ def check_decayed(b: int, t: int, **kw) -> None:  # noqa: ANN003
     rng = np.random.default_rng(2)
     x = tuple(jnp.asarray(rng.standard_normal((b, t, H, K)), jnp.bfloat16) for _ in range(3))
     x += (jnp.asarray(-np.logaddexp(0.0, -rng.standard_normal((b, t, H, K))) / 16, jnp.float32),)
-    plan_of = chunk.default_plan
 
     def forward(decayed: bool):
-        chunk.default_plan = lambda d, stage="fwd": dataclasses.replace(plan_of(d, stage), decayed_keys=decayed)
-        try:
-            f = jax.jit(lambda *a: chunk.gla(*a, **kw)[0])
-            f(*x)  # traced with this plan
-        finally:
-            chunk.default_plan = plan_of
-        return f
+        return _traced(chunk, lambda *a: chunk.gla(*a, **kw)[0], x, decayed_keys=decayed)
 
     fns = [forward(False), forward(True)]
     outs = [f(*x) for f in fns]

@@ -4,15 +4,7 @@
 # conformance GPU tier of the chunked kernels with the staged changes forced (force_staged.py), recurrent at B2 T16384, and a
 # kernel-by-kernel Nsight Compute profile of gla's forward+backward at B2 T16384, paired. Run in the repository
 # root on the GPU machine, .whl/ carried: bash benchmarks/gpucheck/pair_run.sh (logs under $OUT).
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-bench-results}
-mkdir -p "$OUT"
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-if [ ! -d /tmp/ejk-site/ejkernel ]; then  # a warm machine keeps the installed site between calls
-  bash .ci/gpu setup > "$OUT/setup.log" 2>&1
-  tail -n 5 "$OUT/setup.log"
-fi
-export PYTHONPATH=/tmp/ejk-site
+source "$(dirname "$0")/_gpu_env.sh"
 ( cd benchmarks/gpucheck && timeout 270 python3 gla_state_pair.py ) > "$OUT/pair.log" 2>&1
 tail -n 60 "$OUT/pair.log"
 PYTHONPATH=/tmp/ejk-site:benchmarks/gpucheck timeout 200 python3 -m pytest -v -p no:cacheprovider -p no:benchmark \

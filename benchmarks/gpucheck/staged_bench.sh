@@ -3,15 +3,7 @@
 # working tree (forward and forward+backward; fla autotunes for 150+ s in its child process), then recurrent's
 # forward+backward there (no peer) and the both-gates path. Run in the repository root on the GPU machine, .whl/
 # carried: bash benchmarks/gpucheck/staged_bench.sh (results under $OUT).
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-bench-results}
-mkdir -p "$OUT"
-export XLA_PYTHON_CLIENT_PREALLOCATE=false
-if [ ! -d /tmp/ejk-site/ejkernel ]; then  # a warm machine keeps the installed site between calls
-  bash .ci/gpu setup > "$OUT/setup.log" 2>&1
-  tail -n 5 "$OUT/setup.log"
-fi
-export PYTHONPATH=/tmp/ejk-site
+source "$(dirname "$0")/_gpu_env.sh"
 timeout 400 python3 -m ejkernel bench gla --shapes B=2,T=16384,H=16,K=128,V=128 --impls default \
   --passes fwd,fwd_bwd --out "$OUT/gla" 2>&1 | tail -20
 timeout 60 python3 -m ejkernel bench recurrent --shapes B=2,T=16384,H=16,K=128,V=128 --impls default --peers none \
