@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# The pending GPU check of the backward's paired state walks (Plan.paired_states), one device call of about 8
-# minutes: the walks and gla / simple_gla forward+backward paired against two launches (gla_state_pair.py), the
-# conformance GPU tier of the chunked kernels with the staged changes forced (force_staged.py), recurrent at B2 T16384, and a
-# kernel-by-kernel Nsight Compute profile of gla's forward+backward at B2 T16384, paired. Run in the repository
-# root on the GPU machine, .whl/ carried: bash benchmarks/gpucheck/pair_run.sh (logs under $OUT).
+# The pending GPU check of the staged chunked-kernel changes (Plan.decayed_keys: gla's forward walk reads decayed
+# keys; Plan.paired_states: the backward's two state walks in one launch), one device call of about 8 minutes (the
+# steps' timeouts add up past the 10-minute limit only if several hang): both checked exactly and timed against
+# today's launches (gla_state_pair.py), the conformance GPU tier of the chunked kernels with both forced
+# (force_staged.py), recurrent at B2 T16384, and a kernel-by-kernel Nsight Compute profile of gla's
+# forward+backward at B2 T16384 with both. Run in the repository root on the GPU machine, .whl/ carried:
+# bash benchmarks/gpucheck/pair_run.sh (logs under $OUT).
 source "$(dirname "$0")/_gpu_env.sh"
 ( cd benchmarks/gpucheck && timeout 270 python3 gla_state_pair.py ) > "$OUT/pair.log" 2>&1
 tail -n 60 "$OUT/pair.log"

@@ -131,7 +131,7 @@ class Plan:
     paired_states: bool = False
     # The forward's unsplit state walk reads decayed keys k exp(b_L - b) that chunk_intra_diag writes in the dots'
     # operand dtype instead of k and the float32 gates (state_walk_fwd's DECAYED): not the default until the H200
-    # has checked and timed it (benchmarks/gpucheck/gla_state_pair.py --decayed)
+    # has checked and timed it (benchmarks/gpucheck/gla_state_pair.py, check_decayed)
     decayed_keys: bool = False
 
 
