@@ -7,8 +7,8 @@ from it: ``make_plan``, the candidates):
 
     PYTHONPATH=/tmp/ejk-site:benchmarks/gpucheck python3 -m pytest -p force_staged --ejkernel-tier=gpu \\
         tests/conformance/test_gla.py --ejkernel-platform=triton_chunk
-    PYTHONPATH=/tmp/ejk-site:benchmarks/gpucheck python3 -c "import force_staged, sys; from ejkernel.cli import main; \\
-        sys.exit(main(sys.argv[1:]))" bench gla --shapes B=2,T=16384,H=16,K=128,V=128 --passes fwd_bwd
+    PYTHONPATH=/tmp/ejk-site python3 benchmarks/gpucheck/force_staged.py bench gla \\
+        --shapes B=2,T=16384,H=16,K=128,V=128 --passes fwd_bwd
 """
 
 from __future__ import annotations
@@ -32,3 +32,11 @@ def _stage(module: ModuleType, **fwd: bool) -> None:
 
 _stage(chunk, decayed_keys=True)
 _stage(_simple_chunk)
+
+
+if __name__ == "__main__":  # the ejkernel CLI with the staged plans (staged_bench.sh)
+    import sys
+
+    from ejkernel.cli import main
+
+    sys.exit(main(sys.argv[1:]))

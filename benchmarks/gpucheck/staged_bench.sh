@@ -5,8 +5,7 @@
 # made so; the same warm machine's site then needs no new setup). Run in the repository root on the GPU machine,
 # .whl/ carried: bash benchmarks/gpucheck/staged_bench.sh (results under $OUT).
 source "$(dirname "$0")/_gpu_env.sh"
-export PYTHONPATH=/tmp/ejk-site:benchmarks/gpucheck
-ejkernel=(python3 -c "import force_staged, sys; from ejkernel.cli import main; sys.exit(main(sys.argv[1:]))")
+ejkernel=(python3 benchmarks/gpucheck/force_staged.py)
 timeout 400 "${ejkernel[@]}" bench gla --shapes B=2,T=16384,H=16,K=128,V=128 --impls default \
   --passes fwd,fwd_bwd --out "$OUT/gla" 2>&1 | tail -20
 timeout 60 "${ejkernel[@]}" bench recurrent --shapes B=2,T=16384,H=16,K=128,V=128 --impls default --peers none \
