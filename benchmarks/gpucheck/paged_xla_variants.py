@@ -11,7 +11,11 @@ softmax) and is checked against the current one first:
   head pairs discarded; the value product with the probabilities spread block-diagonally), so that no gathered
   block is transposed; ``blockdiag-nomask`` likewise without the value mask;
 - ``steps-x4`` / ``steps-x0.25``: today's update with the accelerator budget (``_paged.ACCELERATOR_BUDGET``, the
-  gathered block's elements) four times larger (at N64 x 4096: one step of 4096 keys, as the gather) or smaller.
+  gathered block's elements) four times larger (at N64 x 4096: one step of 4096 keys, as the gather) or smaller;
+- ``direct`` / ``direct-nomask``: not an update but the whole call without a loop (every page gathered at once,
+  a plain softmax), with and without the zeroing of the values past each length: whether the loop (a while loop
+  of dynamic bounds, its carried online-softmax state) is what keeps ``steps-x4`` below the gather, which is the
+  same gather and the same two products.
 
 Run on the GPU machine after ``bash .ci/gpu setup``: ``PYTHONPATH=/tmp/ejk-site python3
 benchmarks/gpucheck/paged_xla_variants.py``. ``--small``: tiny shapes on a CPU (a dry run).
@@ -107,6 +111,31 @@ def gathered(q, kc, vc, lens, tables):
     return jax.nn.dot_product_attention(q[:, None], k, v, key_value_seq_lengths=lens, implementation="xla")[:, 0]
 
 
+def _direct(mask_v):
+    def call(q, kc, vc, lens, tables):
+        n, h, d = q.shape
+        kh, dv = kc.shape[2], vc.shape[-1]
+        length = tables.shape[1] * kc.shape[1]
+        k = kc[tables].reshape(n, length, kh, d)
+        v = vc[tables].reshape(n, length, kh, dv)
+        key_ok = jnp.arange(length)[None, :] < lens[:, None]  # [N, L]
+        s = jnp.einsum("nkgd,nskd->nkgs", q.reshape(n, kh, h // kh, d), k, preferred_element_type=F32) * F32(d**-0.5)
+        s = jnp.where(key_ok[:, None, None], s, -jnp.inf)
+        m = s.max(axis=-1, keepdims=True)
+        p = jnp.exp(s - jnp.where(m == -jnp.inf, 0.0, m))
+        l = p.sum(axis=-1)
+        if mask_v:
+            v = jnp.where(key_ok[:, :, None, None], v, jnp.zeros((), v.dtype))
+        o = jnp.einsum("nkgs,nskd->nkgd", p.astype(v.dtype), v, preferred_element_type=F32)
+        o = jnp.where((l > 0)[..., None], o / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
+        return o.reshape(n, h, dv).astype(q.dtype)
+
+    return call
+
+
+DIRECT = {"direct": _direct(True), "direct-nomask": _direct(False)}
+
+
 def ms(f, *args):
     return median_ms(f, *args, n=15, warmup=1, reps=5)
 
@@ -129,11 +158,11 @@ def main():
             want = None
             print(f"N{n} H{h} K{kh} D{d} L{length} P{page} lens {label}: gather-xla {t_g:.3f} ms "
                   f"({gbytes / t_g:.2f} TB/s at full lengths)", flush=True)  # fmt: skip
-            for name, fn in VARIANTS.items():
-                _paged.update = fn
+            for name, fn in [*VARIANTS.items(), *DIRECT.items()]:
+                _paged.update = BASE if name in DIRECT else fn
                 _paged.ACCELERATOR_BUDGET = _budget(name)
                 try:
-                    f = jax.jit(lambda *a: page_attention(*a))
+                    f = jax.jit(DIRECT[name] if name in DIRECT else (lambda *a: page_attention(*a)))
                     got = f(*args).astype(F32)
                     if want is None:
                         want = got
