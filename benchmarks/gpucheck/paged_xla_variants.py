@@ -13,9 +13,9 @@ softmax) and is checked against the current one first:
 - ``steps-x4`` / ``steps-x0.25``: today's update with the accelerator budget (``_paged.ACCELERATOR_BUDGET``, the
   gathered block's elements) four times larger (at N64 x 4096: one step of 4096 keys, as the gather) or smaller;
 - ``direct`` / ``direct-nomask``: not an update but the whole call without a loop (every page gathered at once,
-  a plain softmax), with and without the zeroing of the values past each length: whether the loop (a while loop
-  of dynamic bounds, its carried online-softmax state) is what keeps ``steps-x4`` below the gather, which is the
-  same gather and the same two products.
+  today's update applied once from the empty state), with and without the zeroing of the values past each length:
+  whether the loop (a while loop of dynamic bounds, its carried state) is what keeps ``steps-x4`` below the gather,
+  which is the same gather and the same two products.
 
 Run on the GPU machine after ``bash .ci/gpu setup``: ``PYTHONPATH=/tmp/ejk-site python3
 benchmarks/gpucheck/paged_xla_variants.py``. ``--small``: tiny shapes on a CPU (a dry run).
@@ -112,23 +112,24 @@ def gathered(q, kc, vc, lens, tables):
 
 
 def _direct(mask_v):
+    """The whole call as one ``_paged.update`` of every page from the empty state and ``_paged.finish``: today's
+    arithmetic, no loop."""
+
     def call(q, kc, vc, lens, tables):
         n, h, d = q.shape
         kh, dv = kc.shape[2], vc.shape[-1]
         length = tables.shape[1] * kc.shape[1]
-        k = kc[tables].reshape(n, length, kh, d)
-        v = vc[tables].reshape(n, length, kh, dv)
         key_ok = jnp.arange(length)[None, :] < lens[:, None]  # [N, L]
-        s = jnp.einsum("nkgd,nskd->nkgs", q.reshape(n, kh, h // kh, d), k, preferred_element_type=F32) * F32(d**-0.5)
-        s = jnp.where(key_ok[:, None, None], s, -jnp.inf)
-        m = s.max(axis=-1, keepdims=True)
-        p = jnp.exp(s - jnp.where(m == -jnp.inf, 0.0, m))
-        l = p.sum(axis=-1)
-        if mask_v:
-            v = jnp.where(key_ok[:, :, None, None], v, jnp.zeros((), v.dtype))
-        o = jnp.einsum("nkgs,nskd->nkgd", p.astype(v.dtype), v, preferred_element_type=F32)
-        o = jnp.where((l > 0)[..., None], o / jnp.where(l > 0, l, 1.0)[..., None], 0.0)
-        return o.reshape(n, h, dv).astype(q.dtype)
+        state = _paged.update(
+            _paged.options(d, None, None, None),
+            _paged.init_state((n, kh, h // kh, 1), dv),
+            _paged.heads_grouped(q[:, None], kh),
+            kc[tables].reshape(n, length, kh, d),
+            vc[tables].reshape(n, length, kh, dv),
+            key_ok[:, None, :],
+            key_ok if mask_v else None,
+        )
+        return _paged.heads_last(_paged.finish(state, q.dtype))[:, 0]
 
     return call
 
