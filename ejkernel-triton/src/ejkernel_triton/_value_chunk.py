@@ -18,8 +18,8 @@ cumulative sum over the sequence), then ``dq``/``dk`` per chunk and key tile fro
 and their gradients, ``2 (T / C) H K V`` float32 per batch row, the cumulative decays ``T H V`` float32 and the
 pair matrices ``2 T C H`` float32 (with a key gate: ``T H (K + V)`` cumulative decays, and the forward keeps its
 ``T C H`` float32 scores until the output is made). ptxas for sm_90 at K = V = 128, bfloat16, default plans
-(``benchmarks/ptxas_report.py keyed_value_gla``, 2026-12-05): ``chunk_dqk_inter`` spills 1244 bytes and
-``value_dv`` 100 (at 255 registers; float32 inputs 1856 and 152); not yet timed or tuned on a GPU.
+(``benchmarks/ptxas_report.py keyed_value_gla``, 2026-12-07): ``chunk_dqk_inter`` spills 852 bytes and
+``value_dv`` 100 (at 255 registers; float32 inputs 1476 and 152); not yet timed or tuned on a GPU.
 
 Launch parameters and plans: ``ejkernel_triton._simple_chunk``'s (:class:`ChunkFwdParams`/:class:`ChunkBwdParams`
 of ``ejkernel_triton.gla.chunk``); chunks are multiples of the kernels' 16-row blocks. Dots as ``simple_gla``'s.

@@ -200,7 +200,7 @@ def default_plan(d: Dims, stage: str = "fwd") -> Plan:
     state pass: 0.459 / 0.593 / 0.596 ms against 0.646 / 0.755 / 0.754 at 8 warps and 2 stages; on 128 x 64 tiles 8
     warps stayed the faster, 3 stages mixed; ``benchmarks/results/2026-12-06-h200-gla-state-sweep.log``). ptxas
     for sm_90 at K = V = 128 (``benchmarks/ptxas_report.py``): no kernel
-    of either pass spills registers for bfloat16 inputs (``chunk_dqk_inter`` takes the most, 255 registers a
+    of either pass spills registers for bfloat16 inputs (``chunk_dqk_inter`` takes the most, 184 registers a
     thread; ``chunk_intra_diag`` 96 at 4 warps (212 at K = 256), ``chunk_intra_offdiag`` 179 at 1,
     ``chunk_dqk_intra`` 128 at 4); for float32 inputs ``chunk_dqk_inter`` spills 448 bytes (none at the backward's
     value tiles of 32, its default before). Tiles of 64 were the faster on the
