@@ -127,6 +127,8 @@ def test_plugin_for_another_core_version_is_refused_naming_both(site):
     site("future", "future_plugin", GOOD, requires="ejkernel-core>=0.5,<0.6")
     with pytest.warns(PluginWarning, match=r"ejk-future 1.0 needs ejkernel-core<0.6,>=0.5, but ejkernel-core 0.1.0"):
         plugin_records()
+    assert _record("future").status == "failed"  # refused: nothing of it registered
+    assert kernel_registry.implementations("flash_attention", platform="future", backend="all") == []
 
 
 def test_in_test_plugin_object_registers_and_unregisters():

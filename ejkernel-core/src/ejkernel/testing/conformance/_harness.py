@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -200,6 +200,19 @@ def invocation(impl: Any, kernel: Any, args: tuple[Any, ...], kwargs: dict[str, 
 
     backend = current_backend() if impl.backend == "any" else impl.backend
     return Invocation.create(kernel.op_id, kernel.normalize(kernel.bind(args, kwargs)), backend)
+
+
+def first_served(impl: Any, kernel: Any, calls: Iterable[tuple[Any, tuple[Any, ...], dict[str, Any]]]) -> Any:
+    """The ``what`` of the first of ``calls`` (``(what, args, kwargs)``) that ``impl`` serves; the last one's when it
+    serves none (then the caller's ``skip_if_unsupported`` skips with the reason). For tests that need one call an
+    implementation takes, whichever it is: a test that skips whenever an implementation declines one fixed call
+    never checks that implementation."""
+    last: Any = None
+    for what, args, kwargs in calls:
+        if impl.supports(invocation(impl, kernel, args, kwargs)) is None:
+            return what
+        last = what
+    return last
 
 
 def _spread(items: list[Any], n: int) -> list[Any]:

@@ -75,8 +75,12 @@ GPU_DECODE_CASES = [
     Case("gpu_decode", b=64, t=2, h=4, hv=8, dk=128, dv=128),
     Case("gpu_decode_packed", b=1, t=18, h=4, dk=128, dv=128, cu_seqlens=(0, 1, 3, 3, 7, 8, 12, 13, 16)),
 ]
-# Every candidate chunk: a length of several chunks of each (16, 32, 64), a multiple of none.
+# Every candidate chunk: a length of several chunks of each (16, 32, 64), a multiple of none; for the fused
+# recurrent (decode) kernels, which decline that length, decode steps of a few tokens. The candidate tests take the
+# first of the two an implementation serves.
 CANDIDATE_CASE = Case("candidates", b=1, t=80, h=2, dk=16, dv=12)
+DECODE_CANDIDATE_CASE = Case("decode_candidates", b=3, t=5, h=2, dk=16, dv=12)
+CANDIDATE_CASES = (CANDIDATE_CASE, DECODE_CANDIDATE_CASE)
 
 
 def normal(rng: np.random.Generator, shape: tuple[int, ...], dtype: Any = jnp.float32) -> jax.Array:

@@ -21,13 +21,13 @@ from ejkernel.testing.conformance._harness import (
     assert_refused,
     call_forced,
     dtype_cases,
+    first_served,
     fresh_key,
-    invocation,
     parametrize_implementations,
 )
 from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
 from ejkernel.testing.conformance._linear_attention import (
-    CANDIDATE_CASE,
+    CANDIDATE_CASES,
     GPU_CASES,
     Case,
     assert_jit_and_vmap_agree,
@@ -115,17 +115,16 @@ def make_inputs(c: Case, dtype: str, seed: int) -> tuple[dict[str, Any], dict[st
 GATE_SETS = (GATES, ("g", "g_k"), ("g", "g_v"), ("g",))
 
 
-def served(impl: Any, case: Case, options: dict[str, Any]) -> tuple[Case, dict[str, Any], int]:
-    """``(case with the first gate set of GATE_SETS that impl serves, its float32 inputs, their seed)``; skipped
-    (with the reason) when it serves none."""
+def served(impl: Any, cases: Case | tuple[Case, ...], options: dict[str, Any]) -> tuple[Case, dict[str, Any], int]:
+    """``(the first of cases, with the first gate set of GATE_SETS, that impl serves; its float32 inputs; their
+    seed)``; skipped (with the reason) when it serves none."""
     _, seed = fresh_key()
-    for gates in GATE_SETS:
-        c = dataclasses.replace(case, gates=gates)
-        arrays, _ = make_inputs(c, "float32", seed)
-        if impl.supports(invocation(impl, _kernel, (), {**arrays, **options})) is None:
-            return c, arrays, seed
+    cases = (cases,) if isinstance(cases, Case) else cases
+    variants = (dataclasses.replace(case, gates=gates) for case in cases for gates in GATE_SETS)
+    made = [(c, make_inputs(c, "float32", seed)[0]) for c in variants]
+    case, arrays = first_served(impl, _kernel, ((m, (), {**m[1], **options}) for m in made))
     skip_if_unsupported(impl, arrays, options)
-    raise AssertionError("unreachable: skip_if_unsupported skips a declined call")
+    return case, arrays, seed
 
 
 def call(impl: Any, **kwargs: Any) -> Any:
@@ -157,10 +156,11 @@ def check_case(impl: Any, case: Case, dtype: str) -> None:
 
 
 def test_every_candidate_config_matches_reference(impl, tier):
-    """Each launch configuration the implementation offers the autotuner: a length of several chunks of each."""
-    case = dataclasses.replace(CANDIDATE_CASE, **ALL_GATES)
-    options = make_inputs(case, "float32", 0)[1]
-    case, arrays, seed = served(impl, case, options)
+    """Each launch configuration the implementation offers the autotuner: a length of several chunks of each, or
+    decode steps for the fused recurrent kernels, which decline that length."""
+    cases = tuple(dataclasses.replace(c, **ALL_GATES) for c in CANDIDATE_CASES)
+    options = make_inputs(cases[0], "float32", 0)[1]
+    case, arrays, seed = served(impl, cases, options)
     check_every_candidate_config(impl, _kernel, recurrent, reference.recurrent, case, arrays, options, seed, tier)
 
 
