@@ -32,6 +32,7 @@ from ejkernel.testing.conformance._harness import (
     call_forced,
     check_candidate_configs,
     check_grads_numerically,
+    first_served,
 )
 
 
@@ -203,6 +204,16 @@ def assert_split_equals_carrying_the_state(
     o2, s2 = fn(**rest)
     assert_close(jnp.concatenate([o1, o2], axis=1), whole, 1e-5, "split output", seed)
     assert_close(s2, state, 1e-5, "split final state", seed)
+
+
+def candidate_inputs(
+    impl: Any, kernel: Any, make: Callable[[Case], tuple[dict[str, Any], dict[str, Any]]]
+) -> tuple[Case, dict[str, Any], dict[str, Any]]:
+    """``(case, arrays, options)`` of the first of ``CANDIDATE_CASES`` that ``impl`` serves (the last one when it
+    serves neither: the caller's ``skip_if_unsupported`` then skips with the reason); ``make(case)`` builds the
+    inputs, only those of the cases tried."""
+    made = ((c, *make(c)) for c in CANDIDATE_CASES)
+    return first_served(impl, kernel, ((m, (), {**m[1], **m[2]}) for m in made))
 
 
 def check_every_candidate_config(

@@ -19,18 +19,17 @@ from ejkernel.testing.conformance._harness import (
     assert_refused,
     call_forced,
     dtype_cases,
-    first_served,
     fresh_key,
     parametrize_implementations,
 )
 from ejkernel.testing.conformance._harness import skip_if_unsupported as _skip_if_unsupported
 from ejkernel.testing.conformance._linear_attention import (
-    CANDIDATE_CASES,
     GPU_CASES,
     Case,
     assert_jit_and_vmap_agree,
     assert_split_equals_carrying_the_state,
     base_inputs,
+    candidate_inputs,
     check_against_reference,
     check_every_candidate_config,
     check_grads_in,
@@ -108,8 +107,7 @@ def test_every_candidate_config_matches_reference(impl, tier):
     """Each launch configuration the implementation offers the autotuner: a length of several chunks of each, or
     decode steps for the fused recurrent kernels, which decline that length."""
     _, seed = fresh_key()
-    made = [(c, *make_inputs(c, "float32", seed)) for c in CANDIDATE_CASES]
-    case, arrays, options = first_served(impl, _kernel, ((m, (), {**m[1], **m[2]}) for m in made))
+    case, arrays, options = candidate_inputs(impl, _kernel, lambda c: make_inputs(c, "float32", seed))
     skip_if_unsupported(impl, arrays, options)
     check_every_candidate_config(
         impl, _kernel, lightning_attn, reference.lightning_attn, case, arrays, options, seed, tier

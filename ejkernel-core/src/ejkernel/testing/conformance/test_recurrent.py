@@ -121,7 +121,7 @@ def served(impl: Any, cases: Case | tuple[Case, ...], options: dict[str, Any]) -
     _, seed = fresh_key()
     cases = (cases,) if isinstance(cases, Case) else cases
     variants = (dataclasses.replace(case, gates=gates) for case in cases for gates in GATE_SETS)
-    made = [(c, make_inputs(c, "float32", seed)[0]) for c in variants]
+    made = ((c, make_inputs(c, "float32", seed)[0]) for c in variants)  # lazily: only the variants tried
     case, arrays = first_served(impl, _kernel, ((m, (), {**m[1], **options}) for m in made))
     skip_if_unsupported(impl, arrays, options)
     return case, arrays, seed
