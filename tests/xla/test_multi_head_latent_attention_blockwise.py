@@ -31,6 +31,9 @@ CASES: dict[str, dict] = {
     "paged_causal_shared_pages": {"T": 6, "lens": (29, 3), "causal": True, "page": 4, "shared": 1},
     "paged_decode_empty_cache": {"T": 1, "lens": (0, 22), "page": 4, "blocks": (1, 12)},  # 3 pages per block
     "paged_page_longer_than_block": {"T": 3, "lens": (19, 9), "page": 16, "blocks": (2, 4)},  # one page per block
+    # one query block and one key block in both passes: taken without the loops (an accelerator's default)
+    "dense_causal_one_block": {"T": 29, "S": 13, "causal": True, "blocks": (29, 13)},
+    "paged_one_block_empty_cache": {"T": 2, "lens": (0, 22), "page": 4, "blocks": (2, 64)},
 }
 
 
@@ -149,10 +152,20 @@ def test_decode_reads_the_latents_in_place(paged: bool) -> None:
 
 def test_heuristic_keeps_tiles_small() -> None:
     # DeepSeek decode (B=4, H=128): one query row, key blocks of B*bk*D <= 2**20 elements.
-    assert default_blocks(4, 128, 1, 8192, 576, 512) == (1, 256)
+    assert default_blocks(4, 128, 1, 8192, 576, 512, "cpu") == (1, 256)
     # Prefill (B=1, H=16): the float32 accumulator caps the query block at 128 rows.
-    assert default_blocks(1, 16, 4096, 4096, 576, 512) == (128, 512)
-    assert default_blocks(1, 1, 3, 5, 24, 16) == (3, 5)  # tiny shapes: one block
+    assert default_blocks(1, 16, 4096, 4096, 576, 512, "cpu") == (128, 512)
+    assert default_blocks(1, 1, 3, 5, 24, 16, "cpu") == (3, 5)  # tiny shapes: one block
+
+
+def test_heuristic_on_accelerators_takes_few_large_steps() -> None:
+    # DeepSeek-V3 decode at B64 x 4096 keys and B1 x 32768: the whole context in one step.
+    assert default_blocks(64, 128, 1, 4096, 576, 512, "gpu") == (1, 4096)
+    assert default_blocks(1, 128, 1, 32768, 576, 512, "gpu") == (1, 32768)
+    # Longer contexts halve the key block until the gathered latents fit 2**28 elements (B64 x 16384: 4 steps of 4096 keys).
+    assert default_blocks(64, 128, 1, 16384, 576, 512, "tpu") == (1, 4096)
+    # Prefill (B=1, H=128, 8192 tokens): 256 query rows against 2048 keys (2**26 scores).
+    assert default_blocks(1, 128, 8192, 8192, 576, 512, "gpu") == (256, 2048)
 
 
 def test_autotune_under_jit_gets_valid_page_tables(monkeypatch) -> None:

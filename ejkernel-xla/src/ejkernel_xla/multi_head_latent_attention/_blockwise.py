@@ -96,6 +96,22 @@ class _Geometry:
         # Dense blocks need a mask only for causality or where the last block overlaps the one before.
         self.masked = self.paged or o.causal or self.S % self.bk != 0
 
+    # ---- loops: one block is taken without a loop (a loop's bounds and carry cost on accelerators) ----------
+
+    def scan(self, f: Any, carry: Any, xs: Any) -> Any:
+        """``lax.scan(f, carry, xs)`` over the query blocks."""
+        if self.nq > 1:
+            return lax.scan(f, carry, xs)
+        carry, y = f(carry, jax.tree.map(lambda x: x[0], xs))
+        return carry, jax.tree.map(lambda x: x[None], y)
+
+    def loop(self, step: Any, carry: Any, qi: Any) -> Any:
+        """``step`` over the key blocks query block ``qi`` visits. One key block is taken whether or not a row
+        sees it (its scores are masked then, so nothing is added)."""
+        if self.nk > 1:
+            return lax.fori_loop(0, self.n_blocks[qi], step, carry)
+        return step(jnp.int32(0), carry)
+
     # ---- layout -------------------------------------------------------------------------------
 
     def q_blocks(self, x: jax.Array) -> jax.Array:
@@ -178,13 +194,13 @@ def forward(o: Options, q: jax.Array, kv: jax.Array, tables: Any = None,
             return m_new, alpha * l + p.sum(axis=-1), acc * alpha[..., None] + pv
 
         init = (jnp.full((B, H, bq), NEG_INF, F32), jnp.zeros((B, H, bq), F32), jnp.zeros((B, H, bq, Dl), F32))
-        m, l, acc = lax.fori_loop(0, g.n_blocks[qi], step, init)
+        m, l, acc = g.loop(step, init, qi)
         seen = l > 0
         out = acc / jnp.where(seen, l, 1.0)[..., None]
         lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), NEG_INF)
         return None, (out.astype(q.dtype), lse)
 
-    _, (out, lse) = lax.scan(per_q, None, (jnp.arange(g.nq, dtype=jnp.int32), g.q_blocks(q)))
+    _, (out, lse) = g.scan(per_q, None, (jnp.arange(g.nq, dtype=jnp.int32), g.q_blocks(q)))
     return g.q_unblock(out), g.rows_unblock(lse)
 
 
@@ -215,10 +231,10 @@ def backward(o: Options, q: jax.Array, kv: jax.Array, tables: Any, lens: Any, ou
             dkvb = dkvb.at[..., :Dl].add(dv)  # the value is the latent's first Dl dims
             return dq, g.add(dkv, at, dkvb)
 
-        dq, dkv = lax.fori_loop(0, g.n_blocks[qi], step, (jnp.zeros((B, H, bq, D), F32), dkv))
+        dq, dkv = g.loop(step, (jnp.zeros((B, H, bq, D), F32), dkv), qi)
         return dkv, dq * scale
 
-    dkv, dq = lax.scan(per_q, jnp.zeros(kv.shape, F32), xs)
+    dkv, dq = g.scan(per_q, jnp.zeros(kv.shape, F32), xs)
     return g.q_unblock(dq).astype(q.dtype), dkv.astype(kv.dtype)
 
 

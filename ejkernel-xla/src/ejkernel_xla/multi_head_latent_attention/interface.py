@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 
 from ejkernel.modules.operations.multi_head_latent_attention import resolve_latent_dim
@@ -27,18 +28,38 @@ from ejkernel_xla.multi_head_latent_attention._blockwise import Options, attenti
 # 3-10x slower). The query block starts at 256 rows, the key block at 2048 keys, halved until they fit.
 MAX_BLOCKS = (256, 2048)
 TILE_ELEMENTS = 1 << 20
+# On a GPU or TPU each key block is a loop step with a gather and launches of its own, and small steps leave the
+# device idle (the CPU's blocks read the latent cache at 0.08 TB/s on the H200 at B64 H128 4096 keys): the key
+# block starts at the whole sequence, the score tile and the accumulator may hold 2**26 elements (256 MiB in
+# float32) and the gathered key block 2**28 (512 MiB in bfloat16: as much as a naive gather of the pages). A decode
+# step of DeepSeek-V3 at B64 H128 4096 keys (33.5M scores, 151M latents) or B1 x 32768 keys is then one step, which
+# the kernel takes without a loop. Not yet timed on a GPU.
+ACCELERATOR_ELEMENTS = (1 << 26, 1 << 28)
 MIN_Q_BLOCK, MIN_KV_BLOCK = 16, 64
 # Around the heuristic (q, kv) blocks: these factors, clipped to the lengths, duplicates dropped.
 _CANDIDATE_FACTORS = ((1, 1), (1, 2), (2, 1), (1, 0.5), (0.5, 1), (0.5, 0.5), (2, 2))
 
 
-def default_blocks(b: int, h: int, t: int, s: int, d: int, dl: int) -> tuple[int, int]:
+def default_blocks(b: int, h: int, t: int, s: int, d: int, dl: int, backend: str | None = None) -> tuple[int, int]:
     """Heuristic ``(q_blocksize, kv_blocksize)`` for batch ``b``, ``h`` heads, ``t`` queries, ``s`` keys,
-    query/key dim ``d`` and latent dim ``dl`` (both passes)."""
-    bq, bk = min(MAX_BLOCKS[0], max(1, t)), MAX_BLOCKS[1]
-    while b * h * bq * dl > TILE_ELEMENTS and bq > MIN_Q_BLOCK:
+    query/key dim ``d`` and latent dim ``dl`` (both passes), on ``backend`` (``"cpu"``, ``"gpu"``, ``"tpu"``;
+    None: JAX's default backend).
+
+    >>> default_blocks(64, 128, 1, 4096, 576, 512, "cpu")  # DeepSeek-V3 decode on a CPU: 64 steps of 64 keys
+    (1, 64)
+    >>> default_blocks(64, 128, 1, 4096, 576, 512, "gpu")  # on a GPU: one step
+    (1, 4096)
+    """
+    if (backend or jax.default_backend()) == "cpu":
+        tile = kv_tile = TILE_ELEMENTS
+        bk = MAX_BLOCKS[1]
+    else:
+        tile, kv_tile = ACCELERATOR_ELEMENTS
+        bk = max(1, s)
+    bq = min(MAX_BLOCKS[0], max(1, t))
+    while b * h * bq * dl > tile and bq > MIN_Q_BLOCK:
         bq //= 2
-    while (b * h * bq * bk > TILE_ELEMENTS or b * bk * d > TILE_ELEMENTS) and bk > MIN_KV_BLOCK:
+    while (b * h * bq * bk > tile or b * bk * d > kv_tile) and bk > MIN_KV_BLOCK:
         bk //= 2
     return bq, max(1, min(bk, s))
 
@@ -52,14 +73,14 @@ def _dims(inv: Any) -> tuple[int, int, int, int, int, int]:
 
 
 def heuristic_cfg(inv: Any, stage: str) -> FwdParams | BwdParams:
-    bq, bk = default_blocks(*_dims(inv))
+    bq, bk = default_blocks(*_dims(inv), inv.backend)
     cls = FwdParams if stage == "fwd" else BwdParams
     return cls(q_blocksize=bq, kv_blocksize=bk)
 
 
 def candidate_cfgs(inv: Any, stage: str) -> list[FwdParams | BwdParams]:
     b, h, t, s, d, dl = _dims(inv)
-    bq, bk = default_blocks(b, h, t, s, d, dl)
+    bq, bk = default_blocks(b, h, t, s, d, dl, inv.backend)
     cls = FwdParams if stage == "fwd" else BwdParams
     out: list[FwdParams | BwdParams] = []
     for fq, fk in _CANDIDATE_FACTORS:
@@ -91,7 +112,7 @@ def multi_head_latent_attention(
     s = kv.shape[1] if block_tables is None else block_tables.shape[1] * kv.shape[1]
     if s == 0 or t == 0:
         return jnp.zeros((b, t, h, dl), query.dtype)  # no keys (or no queries): nothing to attend
-    default = default_blocks(b, h, t, s, d, dl)
+    default = default_blocks(b, h, t, s, d, dl, None)
     o = Options(
         latent_dim=dl,
         scale=float(d**-0.5 if softmax_scale is None else softmax_scale),
