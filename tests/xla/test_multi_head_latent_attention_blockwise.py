@@ -162,7 +162,8 @@ def test_heuristic_on_accelerators_takes_few_large_steps() -> None:
     # DeepSeek-V3 decode at B64 x 4096 keys and B1 x 32768: the whole context in one step.
     assert default_blocks(64, 128, 1, 4096, 576, 512, "gpu") == (1, 4096)
     assert default_blocks(1, 128, 1, 32768, 576, 512, "gpu") == (1, 32768)
-    # Longer contexts halve the key block until the gathered latents fit 2**28 elements (B64 x 16384: 4 steps of 4096 keys).
+    # Longer contexts halve the key block until the gathered latents fit 2**28 elements
+    # (B64 x 16384: 4 steps of 4096 keys).
     assert default_blocks(64, 128, 1, 16384, 576, 512, "tpu") == (1, 4096)
     # Prefill (B=1, H=128, 8192 tokens): 256 query rows against 2048 keys (2**26 scores).
     assert default_blocks(1, 128, 8192, 8192, 576, 512, "gpu") == (256, 2048)

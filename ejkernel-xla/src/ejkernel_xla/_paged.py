@@ -63,9 +63,15 @@ CPU_BUDGET = Budget(1 << 20, 1 << 20, 512)
 ACCELERATOR_BUDGET = Budget(1 << 27, 1 << 27, 2048, grow=True)
 
 
+def on_cpu(backend: str | None) -> bool:
+    """Whether ``backend`` (``"cpu"``, ``"gpu"``, ``"tpu"``; None: JAX's default backend) is the CPU, whose loops
+    take small steps; an accelerator's take few large ones."""
+    return (backend or jax.default_backend()) == "cpu"
+
+
 def budget_for(backend: str | None) -> Budget:
     """The step budget of a backend (``"cpu"``, ``"gpu"``, ``"tpu"``; None: JAX's default backend)."""
-    return CPU_BUDGET if (backend or jax.default_backend()) == "cpu" else ACCELERATOR_BUDGET
+    return CPU_BUDGET if on_cpu(backend) else ACCELERATOR_BUDGET
 
 
 @dataclasses.dataclass(frozen=True)

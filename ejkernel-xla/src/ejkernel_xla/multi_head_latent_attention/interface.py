@@ -14,12 +14,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 
 from ejkernel.modules.operations.multi_head_latent_attention import resolve_latent_dim
 from ejkernel.ops.utils.datacarrier import BwdParams, FwdParams
 
+from ejkernel_xla._paged import on_cpu
 from ejkernel_xla.multi_head_latent_attention._blockwise import Options, attention
 
 # Measured on a 2-core CPU (float32, Dl=512, Dr=64, B in 1..16, H in 16..128, T=1 decode and T=S=1024
@@ -50,7 +50,7 @@ def default_blocks(b: int, h: int, t: int, s: int, d: int, dl: int, backend: str
     >>> default_blocks(64, 128, 1, 4096, 576, 512, "gpu")  # on a GPU: one step
     (1, 4096)
     """
-    if (backend or jax.default_backend()) == "cpu":
+    if on_cpu(backend):
         tile = kv_tile = TILE_ELEMENTS
         bk = MAX_BLOCKS[1]
     else:
