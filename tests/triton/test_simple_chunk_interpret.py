@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import os
+import pathlib
 import subprocess
 import sys
 import textwrap
@@ -235,10 +236,17 @@ _COMPILE_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_kernels_compile_for_sm90():
+def test_kernels_compile_for_sm90(tmp_path):
     # The interpreter is not the compiler: compile every kernel of both passes for sm_90 as jax-triton types them
-    # (launch.COMPILE_ONLY_ENV), in a fresh process without interpreter mode; shared memory is checked too.
+    # (launch.COMPILE_ONLY_ENV), in a fresh process without interpreter mode; shared memory is checked too. The
+    # compiled kernels are dumped (launch.IR_DUMP_ENV, what benchmarks/ir_compare.py reads; where it is set already,
+    # there).
     env = {k: v for k, v in os.environ.items() if k not in ("EJKERNEL_TRITON_INTERPRET", "TRITON_INTERPRET")}
     env[launch.COMPILE_ONLY_ENV] = "90"
+    dump = pathlib.Path(env.setdefault(launch.IR_DUMP_ENV, str(tmp_path)))
     run = subprocess.run([sys.executable, "-c", _COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert run.returncode == 0 and "compiled" in run.stdout, run.stderr[-4000:]
+    dumped = {p.name.split("-")[0] for p in dump.glob("*.ttgir")}
+    assert {"simple_state_fwd", "simple_output", "simple_state_pair", "simple_dqk"} <= dumped, dumped
+    ptx = next(dump.glob("simple_output-*.ptx")).read_text()
+    assert ".target sm_90" in ptx and "ld.global" in ptx

@@ -188,6 +188,23 @@ def level(o_t, n_rows, S):
 
 
 @triton.jit
+def walk_program(i_p, Cu, ChunkOff, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Program ``i_p = (i_n * NK + i_k) * NV + i_v`` of a state walk (``NK``, ``NV``: the state's key and value
+    blocks): sequence ``i_n``, its rows ``[bos, eos)`` and chunks ``[c0, c0 + n_chunks)``, and the key rows ``o_k``
+    and value columns ``o_v`` of its ``[BK, BV]`` state tile."""
+    NK: tl.constexpr = (DK + BK - 1) // BK
+    NV: tl.constexpr = (DV + BV - 1) // BV
+    i_n = i_p // (NK * NV)
+    i_k = (i_p // NV) % NK
+    i_v = i_p % NV
+    bos = tl.load(Cu + i_n).to(tl.int64)
+    eos = tl.load(Cu + i_n + 1).to(tl.int64)
+    c0 = tl.load(ChunkOff + i_n)
+    n_chunks = tl.load(ChunkOff + i_n + 1) - c0
+    return i_n, bos, eos, c0, n_chunks, i_k * BK + tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+
+
+@triton.jit
 def chunk_gate_cumsum(
     G,
     Cu,
@@ -251,20 +268,9 @@ def state_walk_fwd(
     float32 gate tile: 0.8 GB instead of 1.34 at B2 T16384 H16 K=V=128, the same states."""
     tl.static_assert(not (DECAYED and (SPLIT or HAS_GV)), "decayed keys are rounded: no SPLIT, no GV")
     SPLIT_V: tl.constexpr = SPLIT and HAS_GV  # decayed values are not exact in DOT either
-    NK: tl.constexpr = (DK + BK - 1) // BK
-    NV: tl.constexpr = (DV + BV - 1) // BV
-    i_n = i_p // (NK * NV)
-    i_k = (i_p // NV) % NK
-    i_v = i_p % NV
+    i_n, bos, eos, c0, n_chunks, o_k, o_v = walk_program(i_p, Cu, ChunkOff, DK, DV, BK, BV)
     i_h = i_hv // (HV // H)
-    bos = tl.load(Cu + i_n).to(tl.int64)
-    eos = tl.load(Cu + i_n + 1).to(tl.int64)
-    c0 = tl.load(ChunkOff + i_n)
-    n_chunks = tl.load(ChunkOff + i_n + 1) - c0
-
     o_t = tl.arange(0, BT)
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < DK
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]
@@ -598,20 +604,9 @@ def state_walk_bwd(
     each chunk's end, ``DH0`` before the first (the final state's cotangent ``DHT`` for an empty sequence).
     ``HAS_GV``: the columns decay too (``GV``, as :func:`state_walk_fwd`'s): ``dS <- diag(exp(b_L)) dS diag(exp(c_L))
     + scale (q exp(b))^T (do exp(c))``."""
-    NK: tl.constexpr = (DK + BK - 1) // BK
-    NV: tl.constexpr = (DV + BV - 1) // BV
-    i_n = i_p // (NK * NV)
-    i_k = (i_p // NV) % NK
-    i_v = i_p % NV
+    i_n, bos, eos, c0, n_chunks, o_k, o_v = walk_program(i_p, Cu, ChunkOff, DK, DV, BK, BV)
     i_h = i_hv // (HV // H)
-    bos = tl.load(Cu + i_n).to(tl.int64)
-    eos = tl.load(Cu + i_n + 1).to(tl.int64)
-    c0 = tl.load(ChunkOff + i_n)
-    n_chunks = tl.load(ChunkOff + i_n + 1) - c0
-
     o_t = tl.arange(0, BT)
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < DK
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]

@@ -73,7 +73,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from ejkernel_triton._chunk_kernels import chunk_span, rnd, state_at, tile
+from ejkernel_triton._chunk_kernels import chunk_span, rnd, state_at, tile, walk_program
 
 
 @triton.jit
@@ -213,19 +213,11 @@ def delta_states(
     """``U'`` (``UC``) and the state at each chunk's start (``Hs``), in their arrays' dtypes, and the final
     state (``HT``, float32). The state tile stays float32 in registers; its dots take it rounded to ``DOT``.
     Grid ``(N * cdiv(DV, BV), HV)``."""
-    NV: tl.constexpr = (DV + BV - 1) // BV
+    tl.static_assert(BK >= DK, "one key block")
     i_p, i_hv = tl.program_id(0), tl.program_id(1)
-    i_n = i_p // NV
-    i_v = i_p % NV
+    i_n, bos, eos, c0, n_chunks, o_k, o_v = walk_program(i_p, Cu, ChunkOff, DK, DV, BK, BV)
     i_h = i_hv // (HV // H)
-    bos = tl.load(Cu + i_n).to(tl.int64)
-    eos = tl.load(Cu + i_n + 1).to(tl.int64)
-    c0 = tl.load(ChunkOff + i_n)
-    n_chunks = tl.load(ChunkOff + i_n + 1) - c0
-
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < DK
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]
@@ -355,19 +347,11 @@ def delta_state_bwd(
     dO``, comes from the tiles each step loads anyway (no launch or round trip of its own). The key tiles go to the
     dots as loaded (per-row factors scale the value-sized operand or the product instead), so they need no
     registers of their own. Grid ``(N * cdiv(DV, BV), HV)``."""
-    NV: tl.constexpr = (DV + BV - 1) // BV
+    tl.static_assert(BK >= DK, "one key block")
     i_p, i_hv = tl.program_id(0), tl.program_id(1)
-    i_n = i_p // NV
-    i_v = i_p % NV
+    i_n, bos, eos, c0, n_chunks, o_k, o_v = walk_program(i_p, Cu, ChunkOff, DK, DV, BK, BV)
     i_h = i_hv // (HV // H)
-    bos = tl.load(Cu + i_n).to(tl.int64)
-    eos = tl.load(Cu + i_n + 1).to(tl.int64)
-    c0 = tl.load(ChunkOff + i_n)
-    n_chunks = tl.load(ChunkOff + i_n + 1) - c0
-
     o_t = tl.arange(0, BT)
-    o_k = tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < DK
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]

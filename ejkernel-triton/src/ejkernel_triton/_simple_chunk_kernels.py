@@ -44,7 +44,7 @@ import triton
 import triton.language as tl
 
 from ejkernel_triton import launch as _launch  # noqa: F401  (the interpreter switch, before any @triton.jit)
-from ejkernel_triton._chunk_kernels import chunk_span, mm, raw, state_at
+from ejkernel_triton._chunk_kernels import chunk_span, mm, raw, state_at, walk_program
 
 # ------------------------------------------------------------------------------------------------
 # Helpers.
@@ -103,19 +103,8 @@ def simple_walk_fwd(
 ):
     """Program ``(i_p, i_h)`` of :func:`simple_state_fwd`: the state at each chunk's start (``Hs``) and after the
     last (``HT``), one ``[BK, BV]`` tile. ``SPLIT``: the update's ``k exp(b_L - b)`` split (float32 accuracy)."""
-    NK: tl.constexpr = (DK + BK - 1) // BK
-    NV: tl.constexpr = (DV + BV - 1) // BV
-    i_n = i_p // (NK * NV)
-    i_k = (i_p // NV) % NK
-    i_v = i_p % NV
-    bos = tl.load(Cu + i_n).to(tl.int64)
-    eos = tl.load(Cu + i_n + 1).to(tl.int64)
-    c0 = tl.load(ChunkOff + i_n)
-    n_chunks = tl.load(ChunkOff + i_n + 1) - c0
-
+    i_n, bos, eos, c0, n_chunks, o_k, o_v = walk_program(i_p, Cu, ChunkOff, DK, DV, BK, BV)
     o_t = tl.arange(0, BT)
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < DK
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]
@@ -269,19 +258,8 @@ def simple_walk_bwd(
     """Program ``(i_p, i_h)`` of :func:`simple_state_bwd`: the state's gradient, chunks in reverse: ``DHE`` at each
     chunk's end, ``DH0`` before the first (``DHT`` for an empty sequence); ``dS <- exp(b_L) dS + scale (q exp(b))^T
     @ do``, the left operand split."""
-    NK: tl.constexpr = (DK + BK - 1) // BK
-    NV: tl.constexpr = (DV + BV - 1) // BV
-    i_n = i_p // (NK * NV)
-    i_k = (i_p // NV) % NK
-    i_v = i_p % NV
-    bos = tl.load(Cu + i_n).to(tl.int64)
-    eos = tl.load(Cu + i_n + 1).to(tl.int64)
-    c0 = tl.load(ChunkOff + i_n)
-    n_chunks = tl.load(ChunkOff + i_n + 1) - c0
-
+    i_n, bos, eos, c0, n_chunks, o_k, o_v = walk_program(i_p, Cu, ChunkOff, DK, DV, BK, BV)
     o_t = tl.arange(0, BT)
-    o_k = i_k * BK + tl.arange(0, BK)
-    o_v = i_v * BV + tl.arange(0, BV)
     m_k = o_k < DK
     m_v = o_v < DV
     m_h = m_k[:, None] & m_v[None, :]

@@ -28,6 +28,7 @@ Importing this module does not import Triton.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -93,42 +94,9 @@ def _states(plan: Plan, tab: Any, k: jax.Array, v: jax.Array, b: jax.Array, h0: 
     state with keys and values swapped: its kernel runs it. ``gc [R, H, K]``: a key side's cumulative gates too
     (the kernel's column gate: ``S^T <- diag(exp(b_L)) S^T diag(exp(gc_L)) + (v exp(b_L - b))^T (k exp(gc_L -
     gc))``)."""
-    from ejkernel_triton import _chunk_kernels as kern
-    from ejkernel_triton import launch
-
-    _, h, dk = k.shape
-    dv = v.shape[2]
-    hs, ht = launch.launch(
-        kern.chunk_state_fwd,
-        v,
-        k,
-        b,
-        jnp.asarray(_DUMMY_F32) if gc is None else gc,
-        jnp.asarray(_DUMMY_F32) if h0 is None else jnp.swapaxes(h0, -1, -2),
-        tab.cu,
-        tab.off,
-        out_shape=(
-            jax.ShapeDtypeStruct((tab.nt, h, dv, dk), hs_dtype),
-            jax.ShapeDtypeStruct((tab.n, h, dv, dk), jnp.float32),
-        ),
-        grid=(tab.n * cdiv(dv, plan.state_v) * cdiv(dk, plan.state_k), h),
-        num_warps=plan.state_warps,
-        num_stages=plan.state_stages,
-        name="ejkernel_value_gla_state_fwd",
-        H=h,
-        HV=h,
-        DK=dv,
-        DV=dk,
-        GK=dv,
-        BT=plan.chunk,
-        BK=plan.state_v,
-        BV=plan.state_k,
-        HAS_H0=h0 is not None,
-        HAS_GV=gc is not None,
-        SPLIT=exact,
-        DECAYED=False,
-        **_dots(k.dtype),
-    )
+    swapped = dataclasses.replace(plan, state_k=plan.state_v, state_v=plan.state_k)  # the tile of S^T
+    h0t = None if h0 is None else jnp.swapaxes(h0, -1, -2)
+    hs, ht = gla_chunk._states(swapped, tab, v, k, b, h0t, hs_dtype, exact, gv=gc, name="ejkernel_value_gla_state_fwd")
     return hs, jnp.swapaxes(ht, -1, -2)
 
 

@@ -26,6 +26,7 @@ module before they define their kernels. If Triton was imported earlier without 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 from collections.abc import Sequence
@@ -39,6 +40,10 @@ INTERPRET_ENV = "EJKERNEL_TRITON_INTERPRET"
 #: instead of running it. For CI without a GPU: catches Triton compile errors the interpreter
 #: cannot (the interpreter is not the compiler). Incompatible with interpreter mode.
 COMPILE_ONLY_ENV = "EJKERNEL_TRITON_COMPILE_ONLY"
+#: ``EJKERNEL_TRITON_IR_DUMP=DIR`` (with ``COMPILE_ONLY``): also write each compiled kernel's TTGIR and PTX to
+#: ``DIR``, a pair of files per kernel and specialisation. ``benchmarks/ir_compare.py`` compares two dumps: a
+#: refactor that leaves every compiled kernel's operations as they were is shown so without a GPU.
+IR_DUMP_ENV = "EJKERNEL_TRITON_IR_DUMP"
 
 if os.environ.get(INTERPRET_ENV) == "1":
     # Must happen before any ``@triton.jit`` of ours runs (see the module docstring).
@@ -409,6 +414,11 @@ def _compile_only(
                 f"sm_{capability} has {limit} (num_warps={num_warps}, num_stages={num_stages}, {constexprs})"
             )
         _COMPILED_ONLY.add(key)
+        if dump := os.environ.get(IR_DUMP_ENV):
+            tag = hashlib.sha1(repr(key[1:]).encode()).hexdigest()[:12]
+            for ir in ("ttgir", "ptx"):
+                with open(os.path.join(dump, f"{kernel.__name__}-{tag}.{ir}"), "w") as f:
+                    f.write(f"// {key[1:]}\n{compiled.asm[ir]}")
     return tuple(jax.numpy.zeros(s.shape, s.dtype) for s in out_shape)
 
 

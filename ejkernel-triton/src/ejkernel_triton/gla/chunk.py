@@ -400,6 +400,17 @@ def _dots(dtype: Any) -> dict[str, Any]:
 _DUMMY_F32 = np.zeros((1,), np.float32)
 
 
+def _walk_launch(plan: Plan, tab: _Table, h: int, hv: int, dk: int, dv: int, walks: int = 1) -> dict[str, Any]:
+    """Grid, warps, stages and shape constexprs of the state walks (``chunk_state_fwd``, ``chunk_state_bwd``;
+    ``chunk_state_pair``: ``walks=2``): a program per ``[state_k, state_v]`` tile of each sequence's state."""
+    return {
+        "grid": (walks * tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), hv),
+        "num_warps": plan.state_warps,
+        "num_stages": plan.state_stages,
+        **dict(H=h, HV=hv, DK=dk, DV=dv, GK=dk, BT=plan.chunk, BK=plan.state_k, BV=plan.state_v),
+    }
+
+
 def _states(
     plan: Plan,
     tab: _Table,
@@ -410,10 +421,13 @@ def _states(
     hs_dtype: Any = jnp.float32,
     split: bool = True,
     kd: jax.Array | None = None,
+    gv: jax.Array | None = None,
+    name: str = "ejkernel_gla_chunk_state_fwd",
 ) -> Any:
     """``(h [NT, HV, K, V] in hs_dtype, final state [N, HV, K, V] float32)``; ``split``: at float32 accuracy
     (``chunk_state_fwd``'s ``SPLIT``); ``kd``: the decayed keys ``[R, HV, K]`` (:func:`_scores`'), read in place of
-    ``k`` and the gate tiles (``DECAYED``; not with ``split``)."""
+    ``k`` and the gate tiles (``DECAYED``; not with ``split``); ``gv [R, HV, V]``: the state's columns decay too, by
+    these cumulative gates (``HAS_GV``: the value-gated path, ``ejkernel_triton._value_chunk``)."""
     from ejkernel_triton import _chunk_kernels as kern
     from ejkernel_triton import launch
 
@@ -424,7 +438,7 @@ def _states(
         k if kd is None else kd,
         v,
         gc,
-        jnp.asarray(_DUMMY_F32),  # no value gate
+        jnp.asarray(_DUMMY_F32) if gv is None else gv,
         jnp.asarray(_DUMMY_F32) if h0 is None else h0,
         tab.cu,
         tab.off,
@@ -432,20 +446,10 @@ def _states(
             jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), hs_dtype),
             jax.ShapeDtypeStruct((tab.n, hv, dk, dv), jnp.float32),
         ),
-        grid=(tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), hv),
-        num_warps=plan.state_warps,
-        num_stages=plan.state_stages,
-        name="ejkernel_gla_chunk_state_fwd",
-        H=h,
-        HV=hv,
-        DK=dk,
-        DV=dv,
-        GK=dk,
-        BT=plan.chunk,
-        BK=plan.state_k,
-        BV=plan.state_v,
+        name=name,
+        **_walk_launch(plan, tab, h, hv, dk, dv),
         HAS_H0=h0 is not None,
-        HAS_GV=False,
+        HAS_GV=gv is not None,
         SPLIT=split,
         DECAYED=kd is not None,
         **_dots(k.dtype),
@@ -477,18 +481,8 @@ def _dstates(
             jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), f32),
             jax.ShapeDtypeStruct((tab.n, hv, dk, dv), f32),
         ),
-        grid=(tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), hv),
-        num_warps=plan.state_warps,
-        num_stages=plan.state_stages,
         name="ejkernel_gla_chunk_state_bwd",
-        H=h,
-        HV=hv,
-        DK=dk,
-        DV=dv,
-        GK=dk,
-        BT=plan.chunk,
-        BK=plan.state_k,
-        BV=plan.state_v,
+        **_walk_launch(plan, tab, h, hv, dk, dv),
         HAS_DHT=dht is not None,
         HAS_GV=False,
         **_dots(q.dtype),
@@ -534,18 +528,8 @@ def _state_pair(
             jax.ShapeDtypeStruct((tab.nt, hv, dk, dv), f32),
             jax.ShapeDtypeStruct((tab.n, hv, dk, dv), f32),
         ),
-        grid=(2 * tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), hv),
-        num_warps=plan.state_warps,
-        num_stages=plan.state_stages,
         name="ejkernel_gla_chunk_state_pair",
-        H=h,
-        HV=hv,
-        DK=dk,
-        DV=dv,
-        GK=dk,
-        BT=plan.chunk,
-        BK=plan.state_k,
-        BV=plan.state_v,
+        **_walk_launch(plan, tab, h, hv, dk, dv, walks=2),
         HAS_H0=h0 is not None,
         HAS_DHT=dht is not None,
         **_dots(k.dtype),
