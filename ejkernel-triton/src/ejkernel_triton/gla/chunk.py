@@ -407,7 +407,14 @@ def _walk_launch(plan: Plan, tab: _Table, h: int, hv: int, dk: int, dv: int, wal
         "grid": (walks * tab.n * cdiv(dk, plan.state_k) * cdiv(dv, plan.state_v), hv),
         "num_warps": plan.state_warps,
         "num_stages": plan.state_stages,
-        **dict(H=h, HV=hv, DK=dk, DV=dv, GK=dk, BT=plan.chunk, BK=plan.state_k, BV=plan.state_v),
+        "H": h,
+        "HV": hv,
+        "DK": dk,
+        "DV": dv,
+        "GK": dk,
+        "BT": plan.chunk,
+        "BK": plan.state_k,
+        "BV": plan.state_v,
     }
 
 
