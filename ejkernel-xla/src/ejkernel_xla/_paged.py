@@ -188,10 +188,12 @@ def update(o: Options, state: Any, q: jax.Array, k: jax.Array, v: jax.Array, all
 
 
 def finish(state: Any, dtype: Any) -> jax.Array:
-    """``acc / l`` as ``[C, K, G, R, Dv]`` in ``dtype``; rows that admitted no key give zeros (their accumulator
-    may hold NaN from stale values that were not zeroed)."""
+    """``acc / l`` as ``[C, K, G, R, Dv]`` in ``dtype``; rows that admitted no key (``l == 0``) give zeros (their
+    accumulator may hold NaN from stale values that were not zeroed). A NaN sum (a NaN query or admitted key)
+    stays NaN, as in the reference: it must not read as "no key"."""
     _, l, acc = state
-    return jnp.where((l > 0)[..., None], acc / jnp.where(l > 0, l, 1.0)[..., None], 0.0).astype(dtype)
+    empty = l == 0
+    return jnp.where(empty[..., None], 0.0, acc / jnp.where(empty, 1.0, l)[..., None]).astype(dtype)
 
 
 def heads_last(x: jax.Array) -> jax.Array:

@@ -11,6 +11,7 @@ when the values are concrete, and under ``jit`` (traced values) only with ``EJKE
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from typing import Any
@@ -180,17 +181,22 @@ def check_lengths(op: str, name: str, x: Any, batch: int, length: int, axis: str
 
 
 def check_scale(op: str, name: str, x: Any) -> None:
-    """A scale option: a Python float (or int) or None (``TypeError``); a bool is no scale."""
+    """A scale option: a Python float (or int) or None (``TypeError``; a bool is no scale), finite (``ValueError``:
+    a NaN or infinite scale would only make every output NaN)."""
     if x is not None and (isinstance(x, bool) or not isinstance(x, int | float)):
         raise TypeError(f"{op}: {name} must be a Python float or None, got {type(x).__name__}")
+    if isinstance(x, float) and not math.isfinite(x):
+        raise ValueError(f"{op}: {name} must be a finite float or None, got {x!r}")
 
 
 def check_soft_cap(op: str, logits_soft_cap: Any) -> None:
-    """``logits_soft_cap``: a positive float or None (``ValueError``)."""
+    """``logits_soft_cap``: a positive finite float or None (``ValueError``; an infinite cap is no cap: pass None)."""
     if logits_soft_cap is not None and (
-        isinstance(logits_soft_cap, bool) or not isinstance(logits_soft_cap, int | float) or not logits_soft_cap > 0
+        isinstance(logits_soft_cap, bool)
+        or not isinstance(logits_soft_cap, int | float)
+        or not 0 < logits_soft_cap < math.inf
     ):
-        raise ValueError(f"{op}: logits_soft_cap must be a positive float or None, got {logits_soft_cap!r}")
+        raise ValueError(f"{op}: logits_soft_cap must be a positive finite float or None, got {logits_soft_cap!r}")
 
 
 def check_bool(op: str, name: str, x: Any) -> None:

@@ -74,16 +74,16 @@ def check_options(op: str, softmax_scale: Any, logits_soft_cap: Any, sliding_win
     """The three options every serving op takes."""
     check_scale(op, "softmax_scale", softmax_scale)
     check_soft_cap(op, logits_soft_cap)
-    if sliding_window is not None and not is_count(sliding_window, 1):
+    if sliding_window is not None and not (is_count(sliding_window, 1) and sliding_window < 2**31):
         raise ValueError(
-            f"{op}: sliding_window must be an int >= 1 (the query sees its last W positions) or None, "
-            f"got {sliding_window!r}"
+            f"{op}: sliding_window must be an int >= 1 and < 2**31 (the query sees its last W positions; positions "
+            f"are int32) or None, got {sliding_window!r}"
         )
 
 
 def check_cache_scales(op: str, kv_heads: int, **scales: Any) -> None:
     """``k_scale``/``v_scale`` (by name): None, a positive finite Python float, or a float array ``[]`` or ``[K]``
-    (``TypeError`` for a wrong kind or dtype, ``ValueError`` for a wrong shape or a concrete value not > 0)."""
+    (``TypeError`` for a wrong kind or dtype, ``ValueError`` for a wrong shape or a concrete value not finite > 0)."""
     for name, x in scales.items():
         if x is None:
             continue
@@ -99,8 +99,11 @@ def check_cache_scales(op: str, kv_heads: int, **scales: Any) -> None:
             raise ValueError(
                 f"{op}: {name} must have shape [] or [K] = [{kv_heads}] (one per kv head), got {describe(x)}"
             )
-        if not isinstance(x, jax.core.Tracer) and not bool(np.all(np.asarray(x, np.float32) > 0)):
-            raise ValueError(f"{op}: {name} must be > 0 (a dequantization scale), got {np.asarray(x).tolist()}")
+        if isinstance(x, jax.core.Tracer):
+            continue
+        values = np.asarray(x, np.float32)
+        if not bool(np.all(np.isfinite(values) & (values > 0))):
+            raise ValueError(f"{op}: {name} must be > 0 and finite (a dequantization scale), got {values.tolist()}")
 
 
 def fold_cache_scales(

@@ -42,7 +42,7 @@ from typing import Any
 
 import jax
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Integer
 
 from ejkernel.kernels.signatures._checks import (
     ArrayIn,
@@ -182,8 +182,8 @@ def multi_head_latent_attention(
     latent_dim: int | None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
-    block_tables: Int[ArrayIn, "B maxp"] | None = None,
-    cache_seqlens: Int[ArrayIn, "B"] | None = None,
+    block_tables: Integer[ArrayIn, "B maxp"] | None = None,
+    cache_seqlens: Integer[ArrayIn, "B"] | None = None,
     platform: str | None = None,
     backend: str | None = None,
     cfg: MultiHeadLatentAttentionConfig | None = None,

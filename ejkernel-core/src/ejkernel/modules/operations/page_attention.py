@@ -43,7 +43,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Integer
 
 from ejkernel.kernels.signatures._checks import ArrayIn, check_pages, check_values, shape
 from ejkernel.kernels.signatures._serving import (
@@ -123,8 +123,8 @@ def page_attention(
     query: Float[ArrayIn, "N H D"],
     key_cache: Float[ArrayIn, "P page K D"],
     value_cache: Float[ArrayIn, "P page K Dv"],
-    context_lens: Int[ArrayIn, "N"],
-    block_tables: Int[ArrayIn, "N M"],
+    context_lens: Integer[ArrayIn, "N"],
+    block_tables: Integer[ArrayIn, "N M"],
     *,
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,

@@ -33,7 +33,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Integer
 
 from ejkernel.kernels.signatures._checks import ArrayIn, check_query_key_value, shape
 from ejkernel.kernels.signatures._serving import (
@@ -104,8 +104,8 @@ def ragged_decode_attention(
     query: Float[ArrayIn, "B H D"],
     key: Float[ArrayIn, "B S K D"],
     value: Float[ArrayIn, "B S K Dv"],
-    sequence_start: Int[ArrayIn, "B"],
-    sequence_end: Int[ArrayIn, "B"],
+    sequence_start: Integer[ArrayIn, "B"],
+    sequence_end: Integer[ArrayIn, "B"],
     *,
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,

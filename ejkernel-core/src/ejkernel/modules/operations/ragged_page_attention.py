@@ -46,7 +46,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float, Int
+from jaxtyping import Array, Float, Integer
 
 from ejkernel.kernels.signatures._checks import (
     ArrayIn,
@@ -188,10 +188,10 @@ def ragged_page_attention(
     query: Float[ArrayIn, "T H D"],
     key_cache: Float[ArrayIn, "P page K D"],
     value_cache: Float[ArrayIn, "P page K Dv"],
-    kv_lens: Int[ArrayIn, "S"],
-    block_tables: Int[ArrayIn, "S M"],
-    cu_q_lens: Int[ArrayIn, "S1"],
-    num_seqs: Int[ArrayIn, "1"] | Int[ArrayIn, ""] | int,
+    kv_lens: Integer[ArrayIn, "S"],
+    block_tables: Integer[ArrayIn, "S M"],
+    cu_q_lens: Integer[ArrayIn, "S1"],
+    num_seqs: Integer[ArrayIn, "1"] | Integer[ArrayIn, ""] | int,
     *,
     softmax_scale: float | None = None,
     logits_soft_cap: float | None = None,

@@ -166,6 +166,23 @@ def test_unread_cache_entries_never_leak(impl):
     assert_close(out, reference.page_attention(*args), FWD_RTOL["float32"], "poisoned cache", seed)
 
 
+def test_nan_in_what_is_read_stays_nan(impl):
+    """A NaN in a query or in a key a sequence reads makes that sequence's output NaN, as in the reference: it must
+    not read as a sequence that admitted no key (zeros). Another sequence (and one of length 0) is unaffected."""
+    key, seed = fresh_key()
+    args, kwargs, cache = make_inputs(Case("nan", lens=(5, 7, 0)), "float32", key)
+    skip_if_unsupported(impl, args, kwargs)
+    q, key_cache, value_cache, lens, tables = args
+    page = key_cache.shape[1]
+    key_cache = key_cache.at[tables[1, 6 // page], 6 % page].set(jnp.nan)  # sequence 1's last key
+    for name, q_in, kc_in in (("query", q.at[0, 0, 0].set(jnp.nan), args[1]), ("key", q, key_cache)):
+        out = np.asarray(call(impl, q_in, kc_in, value_cache, lens, tables))
+        nan_row = 0 if name == "query" else 1
+        assert np.isnan(out[nan_row]).any(), f"a NaN {name} gave a NaN-free output (seed {seed})"
+        assert np.isfinite(np.delete(out, nan_row, axis=0)).all(), f"a NaN {name} leaked into other sequences"
+        assert (out[2] == 0).all(), f"the empty sequence is not zeros (seed {seed})"
+
+
 def test_not_differentiable(impl):
     key, seed = fresh_key()
     args, kwargs, _ = make_inputs(Case("grad", lens=(3, 5)), "float32", key)
@@ -230,6 +247,21 @@ BAD_INPUTS = [
     ),
     ("window_pair", lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t, sliding_window=(3, 0)), "sliding_window must be"),
     (
+        "window_huge",
+        lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t, sliding_window=2**31),
+        r"sliding_window must be an int >= 1 and < 2\*\*31",
+    ),
+    (
+        "soft_cap_inf",
+        lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t, logits_soft_cap=float("inf")),
+        "logits_soft_cap must be a positive finite",
+    ),
+    (
+        "scale_nan",
+        lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t, softmax_scale=float("nan")),
+        "softmax_scale must be a finite float",
+    ),
+    (
         "soft_cap",
         lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t, logits_soft_cap=-1.0),
         "logits_soft_cap must be a positive",
@@ -251,6 +283,11 @@ BAD_INPUTS = [
         "k_scale must be a positive finite",
     ),
     ("v_scale_zero", lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t, v_scale=jnp.zeros(2)), "v_scale must be > 0"),
+    (
+        "k_scale_inf",
+        lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t, k_scale=jnp.array([1.0, jnp.inf])),
+        "k_scale must be > 0 and finite",
+    ),
     (
         "v_scale_int",
         lambda q, kc, vc, n, t: _bad(q, kc, vc, n, t, v_scale=jnp.ones(2, jnp.int32)),
